@@ -1,0 +1,761 @@
+"""Calibrate the iteration-time model of the simulator from measured operator timings.
+
+The calibrated model (DESIGN.md, "Calibrated model") prices one engine iteration as
+
+    base_s + prefill_token_s*prefill_tokens + decode_seq_s*decode_seqs + kv_token_s*kv_tokens_read
+
+for Llama-3-8B (32 layers, hidden 4096, gated MLP 14336, 32 query / 8 KV heads of dim 128,
+vocab 128256, bf16) on one H100 SXM (TP=1). This script derives the four defaults from the
+public Vidur operator profiles in ``shared/data/vidur-profiles`` and from the H100 datasheet;
+docs/calibration.md explains every step and every constant.
+
+Usage::
+
+    python analysis/fit_timing.py [--data-dir DIR] [--out DIR]
+
+Writes ``fit.json``, ``fit.png`` and ``summary.md`` to the output folder (default
+``results/timing_fit`` under the repository root) and prints the parameters. ``fit(data_dir)``
+returns the same numbers as a dict for tests and other scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "vidur-profiles"
+DEFAULT_OUT_DIR = REPO_ROOT / "results" / "timing_fit"
+
+H100_FILE = "h100-llama-2-7b-mlp.csv"  # H100, Llama-2-7B shape: the primary measurements
+A100_FILE = "a100-llama-3-8b-mlp.csv"  # A100, Llama-3-8B shape: the cross-check
+SOURCE = "microsoft/vidur data/profiling/compute/, commit 7d47513 (MIT)"
+
+# Operators in the Vidur MLP profile, in file order. ``emb`` is the token-embedding gather,
+# once per forward pass; the other nine run once per transformer layer (Vidur's
+# ExecutionTime.model_time sums exactly these nine per layer and skips emb and the LM head).
+OPS = (
+    "emb",
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+)
+LAYER_OPS = OPS[1:]
+GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+ELEMENTWISE_OPS = ("input_layernorm", "post_attention_layernorm", "add", "attn_rope", "mlp_act")
+SAME_SHAPE_ELEMENTWISE = ("input_layernorm", "post_attention_layernorm", "add")
+
+# H100 SXM5 datasheet: 3.35 TB/s HBM3, 989.4 TFLOP/s dense BF16 tensor core.
+H100_HBM_BYTES_S = 3.35e12
+H100_BF16_FLOPS = 989.4e12
+# Achievable fraction of peak HBM bandwidth for the decode-attention KV stream. Memory-bound
+# decode kernels (FlashInfer, FlashDecoding) are reported at roughly 80-90% of peak; the
+# largest memory-bound GEMM in the H100 profile itself reaches ~84% (printed as a check).
+KV_BW_FRACTION = 0.85
+# Achievable fraction of peak BF16 for prefill attention (head dim 128): FlashAttention-2
+# reaches ~35% of H100 peak and FlashAttention-3 up to ~75% (Shah et al. 2024); midpoint.
+ATTN_FLOPS_FRACTION = 0.5
+BYTES_PER_ELEM = 2  # bf16
+
+# Fit regions (num_tokens): decode batches are small, prefill chunks large.
+DECODE_MAX_N = 256
+PREFILL_MIN_N = 512
+# Running-median window (grid points) for the A100 -> H100 speed ratio in the cross-check.
+RATIO_WINDOW = 9
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The dimensions of a Llama-style decoder that the operator costs depend on."""
+
+    name: str
+    layers: int
+    hidden: int
+    mlp: int  # intermediate size of the gated MLP (up_proj has 2*mlp outputs)
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    def gemm_dims(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer in one transformer layer."""
+        qkv = (self.q_heads + 2 * self.kv_heads) * self.head_dim
+        return {
+            "attn_pre_proj": (self.hidden, qkv),
+            "attn_post_proj": (self.q_heads * self.head_dim, self.hidden),
+            "mlp_up_proj": (self.hidden, 2 * self.mlp),
+            "mlp_down_proj": (self.mlp, self.hidden),
+        }
+
+    def elementwise_size(self) -> dict[str, int]:
+        """Elements touched per token by each element-wise operator (read + write)."""
+        return {
+            "input_layernorm": 2 * self.hidden,
+            "post_attention_layernorm": 2 * self.hidden,
+            "add": 3 * self.hidden,
+            # RoPE rotates q and k in place: read + write of (q_heads + kv_heads) heads.
+            "attn_rope": 2 * (self.q_heads + self.kv_heads) * self.head_dim,
+            # SiLU-and-mul reads 2*mlp and writes mlp values.
+            "mlp_act": 3 * self.mlp,
+            # Embedding gather: read one row and write it, whatever the vocabulary size.
+            "emb": 2 * self.hidden,
+        }
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes of one token over all layers (K and V)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * BYTES_PER_ELEM
+
+    def weight_params(self) -> dict[str, int]:
+        """Parameter counts: all layers' linear weights, the LM head, the embedding table."""
+        per_layer = sum(k * m for k, m in self.gemm_dims().values())
+        return {
+            "layers": self.layers * per_layer,
+            "lm_head": self.hidden * self.vocab,
+            "embedding": self.hidden * self.vocab,
+            "norms": self.layers * 2 * self.hidden + self.hidden,
+        }
+
+
+LLAMA2_7B = Shape("Llama-2-7B", 32, 4096, 11008, 32, 32, 128, 32000)
+LLAMA3_8B = Shape("Llama-3-8B", 32, 4096, 14336, 32, 8, 128, 128256)
+# The CSV columns that identify a profile's shape, with the value each file must carry.
+SHAPE_COLUMNS = {
+    H100_FILE: {"n_embd": 4096, "n_expanded_embd": 11008, "n_head": 32, "n_kv_head": 32},
+    A100_FILE: {"n_embd": 4096, "n_expanded_embd": 14336, "n_head": 32, "n_kv_head": 8},
+}
+
+
+class DataError(Exception):
+    """The profile data are missing or not what this script expects."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """TP=1 operator medians of one CSV, in seconds, one row per distinct num_tokens."""
+
+    path: Path
+    n: np.ndarray  # num_tokens, ascending
+    ops: dict[str, np.ndarray]  # op -> median seconds at each n
+
+
+def load_profile(path: Path) -> Profile:
+    """Read a Vidur MLP profile: TP=1 rows, median columns, duplicate n averaged, ms -> s."""
+    if not path.is_file():
+        raise DataError(f"profile file not found: {path}")
+    expect = SHAPE_COLUMNS.get(path.name, {})
+    by_n: dict[int, list[list[float]]] = {}
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        need = ["num_tokens", "num_tensor_parallel_workers", *expect]
+        need += [f"time_stats.{op}.median" for op in OPS]
+        missing = [c for c in need if c not in (reader.fieldnames or [])]
+        if missing:
+            raise DataError(f"{path}: missing columns {', '.join(missing)}")
+        for row in reader:
+            if int(float(row["num_tensor_parallel_workers"])) != 1:
+                continue
+            for col, want in expect.items():
+                if int(float(row[col])) != want:
+                    raise DataError(f"{path}: {col}={row[col]}, expected {want}")
+            n = int(float(row["num_tokens"]))
+            by_n.setdefault(n, []).append([float(row[f"time_stats.{op}.median"]) for op in OPS])
+    if len(by_n) < 4:
+        raise DataError(f"{path}: fewer than 4 distinct num_tokens at TP=1")
+    n = np.array(sorted(by_n), dtype=float)
+    med = np.array([np.mean(by_n[int(k)], axis=0) for k in n]) * 1e-3
+    return Profile(path, n, {op: med[:, i] for i, op in enumerate(OPS)})
+
+
+# ----------------------------------------------------------------------------------------
+# Shape scaling
+
+
+def op_ratios(src: Shape, dst: Shape) -> dict[str, float]:
+    """Per-operator time ratio dst/src, one constant per operator.
+
+    A GEMM of n tokens through a (k x m) weight does 2nkm FLOPs and reads 2km weight bytes,
+    so its FLOP ratio (compute-bound regime) and weight-byte ratio (memory-bound regime)
+    between two shapes are the same number k'm'/(km): one constant covers both regimes.
+    Element-wise operators scale with the elements they touch per token.
+    """
+    ratios = {}
+    sg, dg = src.gemm_dims(), dst.gemm_dims()
+    for op in GEMM_OPS:
+        ratios[op] = (dg[op][0] * dg[op][1]) / (sg[op][0] * sg[op][1])
+    se, de = src.elementwise_size(), dst.elementwise_size()
+    for op in (*ELEMENTWISE_OPS, "emb"):
+        ratios[op] = de[op] / se[op]
+    return ratios
+
+
+def lm_head_ratio(src: Shape, dst: Shape) -> float:
+    """LM head (hidden x vocab of ``dst``) time over ``src``'s mlp_up_proj (hidden x 2*mlp)."""
+    k, m = src.gemm_dims()["mlp_up_proj"]
+    return (dst.hidden * dst.vocab) / (k * m)
+
+
+def roofline_s(flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Roofline time at H100 peak: max(compute, memory)."""
+    return np.maximum(flops / H100_BF16_FLOPS, nbytes / H100_HBM_BYTES_S)
+
+
+def gemm_roofline_s(n: np.ndarray, k: int, m: int) -> np.ndarray:
+    """Roofline time of an n x k by k x m GEMM in bf16, including activation traffic."""
+    return roofline_s(2.0 * n * k * m, BYTES_PER_ELEM * (k * m + n * (k + m)))
+
+
+def roofline_ratio_deviation(n: np.ndarray, src: Shape, dst: Shape) -> dict[str, float]:
+    """Largest relative gap between the constant GEMM ratio and a full roofline ratio.
+
+    The full roofline also counts activation bytes n*(k+m), which the constant ratio leaves
+    out; this reports how much that matters over the measured n.
+    """
+    const = op_ratios(src, dst)
+    sg, dg = src.gemm_dims(), dst.gemm_dims()
+    out = {}
+    for op in GEMM_OPS:
+        r = gemm_roofline_s(n, *dg[op]) / gemm_roofline_s(n, *sg[op])
+        out[op] = float(np.max(np.abs(r / const[op] - 1.0)))
+    return out
+
+
+@dataclass(frozen=True)
+class Curves:
+    """Iteration time of the linear part of Llama-3-8B on H100 at each measured n."""
+
+    n: np.ndarray
+    decode: np.ndarray  # n sequences decoding one token each: LM head over n rows
+    prefill: np.ndarray  # one prompt chunk of n tokens: LM head over its last token only
+    layers: np.ndarray  # layers x (sum of per-layer ops)
+    emb: np.ndarray
+    lm_head_decode: np.ndarray
+    lm_head_prefill: float
+
+
+def h100_llama3_curves(h100: Profile) -> Curves:
+    """Scale the H100 Llama-2-7B measurements to Llama-3-8B and assemble T(n).
+
+    T(n) = emb(n) + layers * sum_op r_op * op(n) + LM head, where the LM head (absent from
+    the data) is the measured mlp_up_proj scaled by the vocab x hidden / hidden x 2*mlp ratio
+    (the same FLOP = weight-byte argument as the layer GEMMs). A decode batch of n sequences
+    computes logits for all n rows; a prefill chunk only for its last token (one row).
+    """
+    r = op_ratios(LLAMA2_7B, LLAMA3_8B)
+    per_layer = sum(r[op] * h100.ops[op] for op in LAYER_OPS)
+    layers = LLAMA3_8B.layers * per_layer
+    emb = r["emb"] * h100.ops["emb"]
+    lm = lm_head_ratio(LLAMA2_7B, LLAMA3_8B) * h100.ops["mlp_up_proj"]
+    lm_one = float(np.interp(1.0, h100.n, lm))
+    return Curves(
+        n=h100.n,
+        decode=emb + layers + lm,
+        prefill=emb + layers + lm_one,
+        layers=layers,
+        emb=emb,
+        lm_head_decode=lm,
+        lm_head_prefill=lm_one,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Fits
+
+
+def fit_line_rel(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least squares a + b*x ~ y minimising the squared *relative* residuals."""
+    a_mat = np.column_stack([1.0 / y, x / y])
+    (a, b), *_ = np.linalg.lstsq(a_mat, np.ones_like(y), rcond=None)
+    return float(a), float(b)
+
+
+def fit_slope_rel(x: np.ndarray, y: np.ndarray, intercept: float) -> float:
+    """Least squares slope b of intercept + b*x ~ y (relative residuals), intercept fixed."""
+    u = x / y
+    v = (y - intercept) / y
+    return float(np.dot(u, v) / np.dot(u, u))
+
+
+def rel_residuals(x: np.ndarray, y: np.ndarray, a: float, b: float) -> np.ndarray:
+    return (a + b * x) / y - 1.0
+
+
+def residual_stats(res: np.ndarray) -> dict[str, float]:
+    return {
+        "max_abs_rel": float(np.max(np.abs(res))),
+        "rms_rel": float(np.sqrt(np.mean(res**2))),
+        "mean_rel": float(np.mean(res)),
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Cross-check against the A100 Llama-3-8B profile
+
+
+def running_median(x: np.ndarray, window: int) -> np.ndarray:
+    half = window // 2
+    return np.array([np.median(x[max(0, i - half) : i + half + 1]) for i in range(len(x))])
+
+
+def cross_check(h100: Profile, a100: Profile, curves: Curves, params: dict) -> dict:
+    """Estimate the same T(n) from the A100 Llama-3-8B data times measured H100/A100 ratios.
+
+    The speed ratio is measured on operators of identical shape in both files: the 4096x4096
+    output projection for GEMMs and the two RMSNorms plus the residual add for element-wise
+    operators, per n (running median over neighbouring n to damp the 1 us timer resolution).
+    Beyond the H100 grid (n > max H100 n) the compute-bound ratio, the median over the top
+    quarter of the H100 grid, extrapolates the A100 data to 32K tokens.
+    """
+    common = np.intersect1d(h100.n, a100.n)
+    hi = np.searchsorted(h100.n, common)
+    ai = np.searchsorted(a100.n, common)
+    gemm_r = running_median(
+        h100.ops["attn_post_proj"][hi] / a100.ops["attn_post_proj"][ai], RATIO_WINDOW
+    )
+    h_el = sum(h100.ops[op][hi] for op in SAME_SHAPE_ELEMENTWISE)
+    a_el = sum(a100.ops[op][ai] for op in SAME_SHAPE_ELEMENTWISE)
+    elem_r = running_median(h_el / a_el, RATIO_WINDOW)
+
+    top = common >= common[-1] * 0.5
+    gemm_r_big = float(np.median(gemm_r[top]))
+    elem_r_big = float(np.median(elem_r[top]))
+    gemm_all = np.where(a100.n <= common[-1], np.interp(a100.n, common, gemm_r), gemm_r_big)
+    elem_all = np.where(a100.n <= common[-1], np.interp(a100.n, common, elem_r), elem_r_big)
+
+    layer = sum(a100.ops[op] * gemm_all for op in GEMM_OPS)
+    layer = layer + sum(a100.ops[op] * elem_all for op in ELEMENTWISE_OPS)
+    layers = LLAMA3_8B.layers * layer
+    emb = a100.ops["emb"] * elem_all
+    lm = lm_head_ratio(LLAMA3_8B, LLAMA3_8B) * a100.ops["mlp_up_proj"] * gemm_all
+    lm_one = float(np.interp(1.0, a100.n, lm))
+    est_decode = emb + layers + lm
+    est_prefill = emb + layers + lm_one
+
+    sel = np.isin(a100.n, common)
+    dec = common <= DECODE_MAX_N
+    pre = common >= PREFILL_MIN_N
+    ci = np.searchsorted(curves.n, common)
+    d_diff = curves.decode[ci] / est_decode[sel] - 1.0
+    p_diff = curves.prefill[ci] / est_prefill[sel] - 1.0
+    bands = {
+        "memory_bound_n_le_128": residual_stats(d_diff[common <= 128]),
+        "knee_128_lt_n_lt_1024": residual_stats(p_diff[(common > 128) & (common < 1024)]),
+        "compute_bound_n_ge_1024": residual_stats(p_diff[common >= 1024]),
+    }
+
+    beyond = a100.n > common[-1]
+    ext = {}
+    if np.any(beyond):
+        res = rel_residuals(
+            a100.n[beyond], est_prefill[beyond], params["base_s"], params["prefill_token_s"]
+        )
+        ext = {
+            "n_range": [int(a100.n[beyond][0]), int(a100.n[beyond][-1])],
+            "model_vs_a100_derived": residual_stats(res),
+        }
+
+    def at(n_val: int) -> dict[str, float]:
+        i = int(np.searchsorted(common, n_val))
+        j = int(np.searchsorted(a100.n, n_val))
+        return {
+            "primary_decode_s": float(curves.decode[ci[i]]),
+            "a100_derived_decode_s": float(est_decode[j]),
+            "primary_prefill_s": float(curves.prefill[ci[i]]),
+            "a100_derived_prefill_s": float(est_prefill[j]),
+        }
+
+    points = {str(k): at(k) for k in (1, 64, 256, 1024, 4096) if k in set(common.astype(int))}
+    return {
+        "method": (
+            "A100 Llama-3-8B op medians x per-n H100/A100 speed ratio measured on same-shape "
+            "ops (attn_post_proj for GEMMs; layernorms+add for element-wise ops)"
+        ),
+        "speed_ratio_gemm": {
+            "n=1": float(gemm_r[0]),
+            f"n={int(common[-1])}": float(gemm_r[-1]),
+            "compute_bound_median": gemm_r_big,
+        },
+        "speed_ratio_elementwise_compute_bound_median": elem_r_big,
+        "decode_region": residual_stats(d_diff[dec]),
+        "prefill_region": residual_stats(p_diff[pre]),
+        "bands": bands,
+        "all_common_n": {
+            "decode": residual_stats(d_diff),
+            "prefill": residual_stats(p_diff),
+        },
+        "points": points,
+        "extrapolation": ext,
+        "_curves": {
+            "n": a100.n.tolist(),
+            "decode_s": est_decode.tolist(),
+            "prefill_s": est_prefill.tolist(),
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Attention
+
+
+def kv_token_s(kv_bw_fraction: float = KV_BW_FRACTION) -> float:
+    """Seconds to stream one token's KV (all layers) at the achievable HBM bandwidth."""
+    return LLAMA3_8B.kv_bytes_per_token() / (kv_bw_fraction * H100_HBM_BYTES_S)
+
+
+def prefill_attention(params: dict, attn_flops_fraction: float) -> dict:
+    """Prefill attention compute, which the four-term model does not carry, at a few lengths.
+
+    A query attending to one key costs 4*q_heads*head_dim FLOPs per layer (QK^T and PV).
+    A prompt of L tokens prefilled from scratch (causal) has L(L+1)/2 query-key pairs.
+    """
+    s = LLAMA3_8B
+    pair_flops = 4 * s.q_heads * s.head_dim * s.layers
+    pair_s = pair_flops / (attn_flops_fraction * H100_BF16_FLOPS)
+    rows = {}
+    for length in (2048, 8192, 32768):
+        pairs = length * (length + 1) / 2
+        attn = pairs * pair_s
+        linear = params["base_s"] + params["prefill_token_s"] * length
+        kv_term = params["kv_token_s"] * length
+        attn_flops = pairs * pair_flops
+        linear_flops = 2.0 * length * s.weight_params()["layers"]
+        rows[str(length)] = {
+            "attention_s": attn,
+            "linear_s": linear,
+            "attention_share_of_total": attn / (attn + linear),
+            "attention_flops_share": attn_flops / (attn_flops + linear_flops),
+            "kv_term_s": kv_term,
+            "kv_term_covers_fraction": kv_term / attn,
+            "per_token_fold_in_s": pair_s * (length + 1) / 2,
+        }
+    return {
+        "pair_flops": pair_flops,
+        "attn_flops_fraction": attn_flops_fraction,
+        "pair_s": pair_s,
+        "by_prompt_length": rows,
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# The fit
+
+
+def fit(
+    data_dir: Path | str = DEFAULT_DATA_DIR,
+    *,
+    kv_bw_fraction: float = KV_BW_FRACTION,
+    attn_flops_fraction: float = ATTN_FLOPS_FRACTION,
+) -> dict:
+    """Fit the four defaults from the profiles in ``data_dir``; all times in seconds.
+
+    Returns a JSON-serialisable dict with ``base_s``, ``prefill_token_s``, ``decode_seq_s``,
+    ``kv_token_s`` and diagnostics (residuals, cross-check, sanity numbers, curves).
+    Raises DataError when the data are missing or malformed.
+    """
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"data directory not found: {data_dir}")
+    h100 = load_profile(data_dir / H100_FILE)
+    a100 = load_profile(data_dir / A100_FILE)
+    curves = h100_llama3_curves(h100)
+    n = curves.n
+
+    dec = n <= DECODE_MAX_N
+    pre = n >= PREFILL_MIN_N
+    if dec.sum() < 2 or pre.sum() < 2:
+        raise DataError(f"{h100.path}: too few points in the decode or prefill region")
+
+    # base_s and decode_seq_s: one line through the decode regime (n <= 256).
+    base, decode_slope = fit_line_rel(n[dec], curves.decode[dec])
+    # prefill_token_s: slope of the prefill chunks (n >= 512), with the same base_s, so
+    # that base_s + prefill_token_s*n is what the simulator charges for a chunk of n.
+    prefill_slope = fit_slope_rel(n[pre], curves.prefill[pre], base)
+    # Diagnostic: the free two-parameter line through the prefill region.
+    free_a, free_b = fit_line_rel(n[pre], curves.prefill[pre])
+
+    params = {
+        "base_s": base,
+        "prefill_token_s": prefill_slope,
+        "decode_seq_s": decode_slope,
+        "kv_token_s": kv_token_s(kv_bw_fraction),
+    }
+
+    # Sensitivity: one joint least squares with base_s shared by both regions, and a plain
+    # (absolute) least-squares prefill slope, which weights the largest chunks most.
+    nd, npf = int(dec.sum()), int(pre.sum())
+    a_mat = np.zeros((nd + npf, 3))
+    a_mat[:nd, 0] = 1.0 / curves.decode[dec]
+    a_mat[:nd, 1] = n[dec] / curves.decode[dec]
+    a_mat[nd:, 0] = 1.0 / curves.prefill[pre]
+    a_mat[nd:, 2] = n[pre] / curves.prefill[pre]
+    joint, *_ = np.linalg.lstsq(a_mat, np.ones(nd + npf), rcond=None)
+    abs_slope = float(np.dot(n[pre], curves.prefill[pre] - base) / np.dot(n[pre], n[pre]))
+
+    res_dec = rel_residuals(n[dec], curves.decode[dec], base, decode_slope)
+    res_pre = rel_residuals(n[pre], curves.prefill[pre], base, prefill_slope)
+    res_free = rel_residuals(n[pre], curves.prefill[pre], free_a, free_b)
+    big = n >= 1024
+    res_pre_big = rel_residuals(n[big], curves.prefill[big], base, prefill_slope)
+
+    # Sanity numbers for base_s: the weight bytes one decode step must read.
+    wp = LLAMA3_8B.weight_params()
+    all_bytes = BYTES_PER_ELEM * sum(wp.values())
+    read_bytes = BYTES_PER_ELEM * (wp["layers"] + wp["lm_head"] + wp["norms"])
+    up_k, up_m = LLAMA2_7B.gemm_dims()["mlp_up_proj"]
+    up_bw = BYTES_PER_ELEM * up_k * up_m / float(np.interp(1.0, h100.n, h100.ops["mlp_up_proj"]))
+
+    out = dict(params)
+    out.update(
+        {
+            "units": "seconds",
+            "model": "Llama-3-8B (GQA 32q/8kv, head 128, MLP 14336, vocab 128256, bf16)",
+            "hardware": "1x H100 SXM (TP=1)",
+            "source": SOURCE,
+            "files": {"h100": str(h100.path), "a100": str(a100.path)},
+            "regions": {
+                "decode_n": [int(n[dec][0]), int(n[dec][-1])],
+                "prefill_n": [int(n[pre][0]), int(n[pre][-1])],
+                "decode_points": int(dec.sum()),
+                "prefill_points": int(pre.sum()),
+            },
+            "residuals": {
+                "decode": residual_stats(res_dec),
+                "prefill": residual_stats(res_pre),
+                "prefill_n_ge_1024": residual_stats(res_pre_big),
+                "prefill_free_line": residual_stats(res_free),
+            },
+            "prefill_free_line": {"intercept_s": free_a, "slope_s": free_b},
+            "sensitivity": {
+                "joint_fit": {
+                    "base_s": float(joint[0]),
+                    "decode_seq_s": float(joint[1]),
+                    "prefill_token_s": float(joint[2]),
+                },
+                "prefill_token_s_absolute_ls": abs_slope,
+                "kv_token_s_at_bw_fraction": {str(f): kv_token_s(f) for f in (0.8, 0.85, 0.9)},
+            },
+            "scaling": {
+                "op_ratios_llama3_over_llama2": op_ratios(LLAMA2_7B, LLAMA3_8B),
+                "lm_head_over_llama2_up_proj": lm_head_ratio(LLAMA2_7B, LLAMA3_8B),
+                "roofline_ratio_max_deviation": roofline_ratio_deviation(n, LLAMA2_7B, LLAMA3_8B),
+                "lm_head_one_row_s": curves.lm_head_prefill,
+                "emb_n1_s": float(curves.emb[0]),
+            },
+            "sanity": {
+                "weights_total_bytes": all_bytes,
+                "weights_total_at_peak_bw_s": all_bytes / H100_HBM_BYTES_S,
+                "weights_read_per_decode_step_bytes": read_bytes,
+                "weights_read_at_peak_bw_s": read_bytes / H100_HBM_BYTES_S,
+                "base_implied_bw_bytes_s": read_bytes / base,
+                "base_implied_bw_fraction": read_bytes / base / H100_HBM_BYTES_S,
+                "measured_up_proj_n1_bw_bytes_s": up_bw,
+                "measured_up_proj_n1_bw_fraction": up_bw / H100_HBM_BYTES_S,
+                "prefill_implied_flops": 2.0 * wp["layers"] / prefill_slope,
+                "prefill_implied_flops_fraction": 2.0
+                * wp["layers"]
+                / prefill_slope
+                / H100_BF16_FLOPS,
+                "t_decode_n1_s": float(curves.decode[0]),
+            },
+            "kv": {
+                "bytes_per_token": LLAMA3_8B.kv_bytes_per_token(),
+                "hbm_peak_bytes_s": H100_HBM_BYTES_S,
+                "achievable_fraction": kv_bw_fraction,
+            },
+            "prefill_attention": prefill_attention(params, attn_flops_fraction),
+        }
+    )
+    cc = cross_check(h100, a100, curves, params)
+    out["cross_check_curves"] = cc.pop("_curves")
+    out["cross_check"] = cc
+    out["curves"] = {
+        "n": n.tolist(),
+        "decode_s": curves.decode.tolist(),
+        "prefill_s": curves.prefill.tolist(),
+    }
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Outputs
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = np.array(result["curves"]["n"])
+    td = np.array(result["curves"]["decode_s"])
+    tp = np.array(result["curves"]["prefill_s"])
+    an = np.array(result["cross_check_curves"]["n"])
+    ap = np.array(result["cross_check_curves"]["prefill_s"])
+    base, dslope = result["base_s"], result["decode_seq_s"]
+    pslope = result["prefill_token_s"]
+
+    fig, (ax, axr) = plt.subplots(
+        2, 1, figsize=(7.5, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    )
+    ax.loglog(an, ap * 1e3, ".", ms=3, color="0.65", label="A100 Llama-3-8B x H100/A100 ratio")
+    ax.loglog(n, td * 1e3, "o", ms=3, mfc="none", color="C0", label="decode T(n), H100 scaled")
+    ax.loglog(n, tp * 1e3, "s", ms=3, mfc="none", color="C1", label="prefill T(n), H100 scaled")
+    xd = np.geomspace(1, DECODE_MAX_N, 100)
+    xp = np.geomspace(PREFILL_MIN_N, max(an.max(), n.max()), 100)
+    ax.loglog(xd, (base + dslope * xd) * 1e3, "-", color="C0", label="base + decode_seq_s*n")
+    ax.loglog(xp, (base + pslope * xp) * 1e3, "-", color="C1", label="base + prefill_token_s*n")
+    ax.set_ylabel("iteration time, linear layers (ms)")
+    ax.set_title("Llama-3-8B on H100 (TP=1): measured (scaled) vs fitted")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+    dec = n <= DECODE_MAX_N
+    pre = n >= PREFILL_MIN_N
+    axr.semilogx(
+        n[dec], ((base + dslope * n) / td - 1)[dec] * 100, "o", ms=3, color="C0", label="decode"
+    )
+    axr.semilogx(
+        n[pre], ((base + pslope * n) / tp - 1)[pre] * 100, "s", ms=3, color="C1", label="prefill"
+    )
+    big = an > n.max()
+    axr.semilogx(
+        an[big],
+        ((base + pslope * an) / ap - 1)[big] * 100,
+        ".",
+        ms=3,
+        color="0.5",
+        label="prefill vs A100-derived (beyond H100 data)",
+    )
+    axr.axhline(0, color="k", lw=0.8)
+    axr.legend(fontsize=8)
+    axr.set_xlabel("tokens in the iteration (n)")
+    axr.set_ylabel("model / measured - 1 (%)")
+    axr.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _fmt_pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def summary_md(r: dict) -> str:
+    res, cc, s = r["residuals"], r["cross_check"], r["sanity"]
+    pa = r["prefill_attention"]["by_prompt_length"]["8192"]
+    lines = [
+        "# Timing-model fit (Llama-3-8B, 1x H100 SXM, TP=1)",
+        "",
+        f"Source: {r['source']}. Method: docs/calibration.md.",
+        "",
+        "| parameter | value (s) | meaning |",
+        "|---|---|---|",
+        f"| base_s | {r['base_s']!r} | fixed cost per iteration |",
+        f"| prefill_token_s | {r['prefill_token_s']!r} | per prefill token |",
+        f"| decode_seq_s | {r['decode_seq_s']!r} | per decoding sequence |",
+        f"| kv_token_s | {r['kv_token_s']!r} | per KV token read |",
+        "",
+        "## Fit residuals (model / measured - 1)",
+        "",
+        "| region | n | max abs | rms |",
+        "|---|---|---|---|",
+    ]
+    reg = r["regions"]
+    for name, key, span in (
+        ("decode", "decode", reg["decode_n"]),
+        ("prefill", "prefill", reg["prefill_n"]),
+        ("prefill, n >= 1024", "prefill_n_ge_1024", [1024, reg["prefill_n"][1]]),
+        ("prefill, free line (diagnostic)", "prefill_free_line", reg["prefill_n"]),
+    ):
+        st = res[key]
+        lines.append(
+            f"| {name} | {span[0]}-{span[1]} | {_fmt_pct(st['max_abs_rel'])} "
+            f"| {_fmt_pct(st['rms_rel'])} |"
+        )
+    ext = cc["extrapolation"]
+    lines += [
+        "",
+        "## Cross-check: A100 Llama-3-8B data x measured H100/A100 speed ratio",
+        "",
+        "| region | max abs diff | rms diff |",
+        "|---|---|---|",
+        f"| decode (n <= {DECODE_MAX_N}) | {_fmt_pct(cc['decode_region']['max_abs_rel'])} "
+        f"| {_fmt_pct(cc['decode_region']['rms_rel'])} |",
+        f"| prefill (n >= {PREFILL_MIN_N}) | {_fmt_pct(cc['prefill_region']['max_abs_rel'])} "
+        f"| {_fmt_pct(cc['prefill_region']['rms_rel'])} |",
+    ]
+    if ext:
+        st = ext["model_vs_a100_derived"]
+        lines.append(
+            f"| fitted model vs A100-derived, n {ext['n_range'][0]}-{ext['n_range'][1]} "
+            f"| {_fmt_pct(st['max_abs_rel'])} | {_fmt_pct(st['rms_rel'])} |"
+        )
+    lines += [
+        "",
+        f"GEMM speed ratio H100/A100 (attn_post_proj): n=1 "
+        f"{1 / cc['speed_ratio_gemm']['n=1']:.2f}x faster, compute-bound "
+        f"{1 / cc['speed_ratio_gemm']['compute_bound_median']:.2f}x faster.",
+        "",
+        "## Sanity",
+        "",
+        f"- Weights read per decode step: {s['weights_read_per_decode_step_bytes'] / 1e9:.2f} GB"
+        f" -> {s['weights_read_at_peak_bw_s'] * 1e3:.2f} ms at 3.35 TB/s (all weights "
+        f"{s['weights_total_bytes'] / 1e9:.2f} GB -> {s['weights_total_at_peak_bw_s'] * 1e3:.2f}"
+        f" ms); base_s implies {_fmt_pct(s['base_implied_bw_fraction'])} of peak.",
+        f"- Measured mlp_up_proj at n=1 streams weights at "
+        f"{s['measured_up_proj_n1_bw_bytes_s'] / 1e12:.2f} TB/s "
+        f"({_fmt_pct(s['measured_up_proj_n1_bw_fraction'])} of peak); kv_token_s assumes "
+        f"{_fmt_pct(r['kv']['achievable_fraction'])}.",
+        f"- prefill_token_s implies {s['prefill_implied_flops'] / 1e12:.0f} TFLOP/s "
+        f"({_fmt_pct(s['prefill_implied_flops_fraction'])} of dense BF16 peak).",
+        f"- Prefill attention of an 8K prompt: {pa['attention_s'] * 1e3:.1f} ms, "
+        f"{_fmt_pct(pa['attention_share_of_total'])} of the chunk; not in the four terms "
+        f"(kv term covers {_fmt_pct(pa['kv_term_covers_fraction'])} of it).",
+        "",
+        "Reproduce: `python analysis/fit_timing.py`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR)
+    args = ap.parse_args(argv)
+    try:
+        result = fit(args.data_dir)
+    except DataError as exc:
+        print(f"fit_timing: error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fit.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / "fit.png")
+    (args.out / "summary.md").write_text(summary_md(result))
+    for key in ("base_s", "prefill_token_s", "decode_seq_s", "kv_token_s"):
+        print(f"{key} = {result[key]!r}")
+    res = result["residuals"]
+    cc = result["cross_check"]
+    print(
+        f"residuals (max abs rel): decode {_fmt_pct(res['decode']['max_abs_rel'])}, "
+        f"prefill {_fmt_pct(res['prefill']['max_abs_rel'])}; cross-check max diff: decode "
+        f"{_fmt_pct(cc['decode_region']['max_abs_rel'])}, prefill "
+        f"{_fmt_pct(cc['prefill_region']['max_abs_rel'])}"
+    )
+    print(f"wrote {args.out}/fit.json, fit.png, summary.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

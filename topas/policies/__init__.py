@@ -1,0 +1,131 @@
+"""Policy registry and spec strings.
+
+A spec is ``name`` or ``name:key=value,key=value`` for a registered policy, or
+``package.module:Class[:key=value,...]`` for a user's own class. Packages can also
+register policies under the entry-point group ``topas.policies``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from importlib.metadata import entry_points
+from typing import Any
+
+from topas.policies.base import Policy, PolicyContext, admit_in_order
+from topas.policies.baselines import ATLAS, CPF, FCFS, LPM, KVFlow
+
+REGISTRY: dict[str, type[Policy]] = {
+    "fcfs": FCFS,
+    "lpm": LPM,
+    "cpf": CPF,
+    "atlas": ATLAS,
+    "kvflow": KVFlow,
+}
+
+BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow")
+
+__all__ = [
+    "BASELINES",
+    "REGISTRY",
+    "Policy",
+    "PolicyContext",
+    "PolicySpecError",
+    "admit_in_order",
+    "available",
+    "make_policy",
+    "register",
+]
+
+
+class PolicySpecError(ValueError):
+    """A policy spec that names no policy or sets an unknown or ill-typed parameter."""
+
+
+def register(name: str, cls: type[Policy]) -> None:
+    REGISTRY[name] = cls
+
+
+def _entry_point_policies() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group="topas.policies")}
+
+
+def available() -> list[str]:
+    return sorted(set(REGISTRY) | set(_entry_point_policies()))
+
+
+def make_policy(spec: str) -> Policy:
+    """Build a policy from a spec string (see module docstring)."""
+    spec = spec.strip()
+    if not spec:
+        raise PolicySpecError("empty policy spec")
+    head, _, rest = spec.partition(":")
+    if "." in head:  # package.module:Class[:params]
+        cls_name, _, params = rest.partition(":")
+        cls = _import_class(head, cls_name, spec)
+        spec_name = f"{head}:{cls_name}"
+    else:
+        cls = _lookup(head)
+        params = rest
+        spec_name = head
+    kwargs = _parse_params(cls, params, spec)
+    policy = cls(**kwargs)
+    policy.name = spec if params else spec_name
+    return policy
+
+
+def _lookup(name: str) -> type[Policy]:
+    if name in REGISTRY:
+        return REGISTRY[name]
+    eps = _entry_point_policies()
+    if name in eps:
+        return eps[name].load()
+    raise PolicySpecError(f"unknown policy {name!r}; choose from {', '.join(available())}")
+
+
+def _import_class(module: str, cls_name: str, spec: str) -> type[Policy]:
+    if not cls_name:
+        raise PolicySpecError(f"policy spec {spec!r}: expected package.module:Class")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise PolicySpecError(f"policy spec {spec!r}: cannot import {module}: {e}") from None
+    cls = getattr(mod, cls_name, None)
+    if not (isinstance(cls, type) and hasattr(cls, "decide")):
+        raise PolicySpecError(f"policy spec {spec!r}: {module} has no policy class {cls_name!r}")
+    return cls
+
+
+def _parse_params(cls: type[Policy], params: str, spec: str) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    out: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in params.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise PolicySpecError(f"policy spec {spec!r}: expected key=value, got {item!r}")
+        if key not in fields:
+            known = ", ".join(fields) or "none"
+            raise PolicySpecError(
+                f"policy spec {spec!r}: unknown parameter {key!r} (parameters: {known})"
+            )
+        out[key] = _convert(fields[key], value.strip(), spec)
+    return out
+
+
+def _convert(field: dataclasses.Field, value: str, spec: str) -> Any:
+    kind = field.type if isinstance(field.type, type) else {"bool": bool, "int": int,
+                                                            "float": float, "str": str}.get(
+        str(field.type), str)
+    try:
+        if kind is bool:
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        return kind(value)
+    except ValueError:
+        raise PolicySpecError(
+            f"policy spec {spec!r}: {field.name}={value!r} is not a valid {kind.__name__}"
+        ) from None

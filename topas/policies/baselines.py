@@ -1,0 +1,202 @@
+"""Baseline policies. Each is an admission order on SGLang's PrefillAdder mechanism
+(admit in order until the first stage that does not fit) plus an eviction order.
+
+Sources:
+- ``fcfs``: vLLM / SGLang first-come-first-served (``--schedule-policy fcfs``).
+- ``lpm``: SGLang's longest-prefix-match (``schedule_policy.py``, ``CacheAwarePolicy.LPM``),
+  which falls back to FCFS when more than ``WAITING_QUEUE_PREFIX_MATCH_MAX = 128`` wait.
+- ``cpf``: critical-path-first list scheduling (the classic DAG heuristic; e.g. Kwok & Ahmad,
+  "Static scheduling algorithms for allocating directed task graphs", 1999).
+- ``atlas``: Autellix (Luo et al., 2025), Adaptive Thread-Level Attained Service.
+- ``kvflow``: KVFlow (Pan et al., 2025), workflow-aware eviction by steps-to-execution,
+  with prefetch of the agents due next.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from topas.instance import StageRef
+from topas.policies.base import Policy, admit_in_order
+from topas.state import Decision, Phase, PrefixStatus, State
+from topas.timing import predicted_service_s
+
+
+def fcfs_key(state: State, ref: StageRef) -> tuple[float, float, str, str]:
+    """The order in which stages reached the server; ties by task arrival, then id."""
+    return (state.waiting[ref], state.tasks[ref[0]].release, ref[0], ref[1])
+
+
+def fcfs_order(state: State) -> list[StageRef]:
+    return sorted(state.waiting, key=lambda r: fcfs_key(state, r))
+
+
+@dataclass
+class FCFS(Policy):
+    """First come, first served; LRU prefix eviction on demand."""
+
+    name = "fcfs"
+
+    def decide(self, state: State) -> Decision:
+        return admit_in_order(state, fcfs_order(state), self.eviction_order(state)).decision()
+
+
+@dataclass
+class LPM(Policy):
+    """SGLang's longest prefix match: resident prefix tokens descending, then FCFS.
+
+    Above ``max_sorted`` waiting stages SGLang skips the sort and uses FCFS, for cost.
+    """
+
+    max_sorted: int = 128
+    name = "lpm"
+
+    def decide(self, state: State) -> Decision:
+        order = fcfs_order(state)
+        if len(order) <= self.max_sorted:
+            order.sort(key=lambda r: -self._matched(state, r))  # stable: FCFS among ties
+        return admit_in_order(state, order, self.eviction_order(state)).decision()
+
+    @staticmethod
+    def _matched(state: State, ref: StageRef) -> int:
+        p = state.prefixes[state.agent_of(ref)]
+        return p.tokens if p.status == PrefixStatus.RESIDENT else 0
+
+
+class _PathCache:
+    """Per-task predicted tail lengths: a stage's service plus its longest path below."""
+
+    def __init__(self) -> None:
+        self.tails: dict[str, dict[str, float]] = {}
+
+    def tail(self, policy: Policy, state: State, ref: StageRef) -> float:
+        tid, sid = ref
+        tails = self.tails.get(tid)
+        if tails is None:
+            tails = self.tails[tid] = self._compute(policy, state, tid)
+            if len(self.tails) > 4 * max(16, len(state.tasks)):
+                for t in [t for t in self.tails if t not in state.tasks]:
+                    del self.tails[t]
+        return tails[sid]
+
+    @staticmethod
+    def _compute(policy: Policy, state: State, tid: str) -> dict[str, float]:
+        info = state.tasks[tid]
+        ctx = policy.ctx
+        tails: dict[str, float] = {}
+        for sid in reversed(info.topo_order):
+            s = info.stages[sid]
+            own = predicted_service_s(ctx.server, ctx.timing, s.input_tokens, s.predicted_output)
+            tails[sid] = own + max((tails[c] for c in s.children), default=0.0)
+        return tails
+
+
+@dataclass
+class CPF(Policy):
+    """Critical path first: the stage heading the longest predicted remaining path first."""
+
+    name = "cpf"
+
+    def reset(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().reset(ctx)
+        self._paths = _PathCache()
+
+    def decide(self, state: State) -> Decision:
+        order = fcfs_order(state)
+        order.sort(key=lambda r: -self._paths.tail(self, state, r))
+        return admit_in_order(state, order, self.eviction_order(state)).decision()
+
+
+@dataclass
+class ATLAS(Policy):
+    """Autellix's ATLAS: least attained service first, measured along the critical path.
+
+    A stage's priority is the largest service (seconds run) attained by the finished
+    stages on any path that leads to it in its task's DAG; least first, FCFS among
+    ties. Autellix discretises this into multi-level queues with anti-starvation
+    promotion; this implements the continuous order without those (documented
+    simplification).
+    """
+
+    name = "atlas"
+
+    def reset(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().reset(ctx)
+        self._attained: dict[StageRef, float] = {}
+
+    def decide(self, state: State) -> Decision:
+        if len(self._attained) > 10_000:
+            self._attained = {r: v for r, v in self._attained.items() if r[0] in state.tasks}
+        order = fcfs_order(state)
+        order.sort(key=lambda r: self._path_attained(state, r))
+        return admit_in_order(state, order, self.eviction_order(state)).decision()
+
+    def _path_attained(self, state: State, ref: StageRef) -> float:
+        """Largest attained service over the paths of finished stages ending at ``ref``."""
+        got = self._attained.get(ref)
+        if got is not None:
+            return got
+        tid = ref[0]
+        best = 0.0
+        for d in state.stage(ref).deps:
+            dref = (tid, d)
+            best = max(best, self._path_attained(state, dref) + state.done_service.get(dref, 0.0))
+        self._attained[ref] = best
+        return best
+
+
+@dataclass
+class KVFlow(Policy):
+    """KVFlow: evict the prefix whose agent is furthest from execution; prefetch the next.
+
+    Steps-to-execution of a stage is 0 when it is ready or running and otherwise one
+    more than the largest value among its unfinished deps; an agent's value is the
+    smallest over its unfinished stages (infinite when it has none). Eviction takes
+    the largest value first (LRU among ties). With ``prefetch`` the absent prefixes of
+    agents due within ``horizon`` steps are loaded when they fit without eviction.
+    Admission is FCFS, as in the SGLang build KVFlow extends.
+    """
+
+    prefetch: bool = True
+    horizon: int = 1
+    name = "kvflow"
+
+    def decide(self, state: State) -> Decision:
+        steps = self.steps_to_execution(state)
+        evict_order = self._order(state, steps)
+        plan = admit_in_order(state, fcfs_order(state), evict_order)
+        if self.prefetch:
+            due = sorted((v, a) for a, v in steps.items() if v <= self.horizon)
+            for _, agent in due:
+                if plan.status(agent) == PrefixStatus.ABSENT:
+                    plan.do_load(agent)
+        return plan.decision()
+
+    def eviction_order(self, state: State) -> list[str]:
+        return self._order(state, self.steps_to_execution(state))
+
+    @staticmethod
+    def _order(state: State, steps: dict[str, float]) -> list[str]:
+        cands = state.evictable()  # LRU order; the stable sort keeps it among ties
+        cands.sort(key=lambda a: -steps.get(a, math.inf))
+        return cands
+
+    @staticmethod
+    def steps_to_execution(state: State) -> dict[str, float]:
+        best: dict[str, float] = {}
+        for tid, info in state.tasks.items():
+            dist: dict[str, int] = {}
+            for sid in info.topo_order:
+                phase = state.phase[(tid, sid)]
+                if phase == Phase.DONE:
+                    continue
+                s = info.stages[sid]
+                if phase != Phase.BLOCKED:
+                    d = 0
+                else:
+                    d = 1 + max((dist[x] for x in s.deps if x in dist), default=0)
+                dist[sid] = d
+                if d < best.get(s.agent, math.inf):
+                    best[s.agent] = d
+        return best

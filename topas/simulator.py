@@ -1,0 +1,688 @@
+"""Discrete-event engines: run a policy on an instance and record a Schedule.
+
+Two engines share the recording and the policy protocol:
+
+- :class:`StepEngine` implements the step model of DESIGN.md rule by rule
+  (integer steps; rule numbers are cited in the code).
+- :class:`CalibratedEngine` runs SGLang-style iterations: chunked prefill batches
+  (prefill first when something was admitted), decode batches of one token per
+  running stage, KV growing per token, admission reserving predicted output and
+  retraction when decode memory runs out. Between events, decode spans advance in
+  one closed-form jump.
+
+The policy sees only :class:`~topas.state.State`; the true output lengths stay here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time as wallclock
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from topas.instance import HostLoad, Instance, StageRef
+from topas.policies.base import Policy, PolicyContext
+from topas.schedule import PrefixInterval, Schedule, StageRun
+from topas.state import (
+    Decision,
+    Phase,
+    PrefixStatus,
+    State,
+    TaskInfo,
+    apply_inplace,
+    complete_stage,
+    prefix_ready,
+    release_task,
+)
+from topas.timing import (
+    StepTiming,
+    decode_iters_within,
+    decode_span_s,
+    host_transfer_s,
+    iteration_s,
+    linear_cost,
+)
+
+
+class SimulationError(RuntimeError):
+    """The run cannot go on: the policy stalled or broke the model's rules."""
+
+
+def simulate(
+    instance: Instance,
+    policy: Policy,
+    timing: str = "calibrated",
+    seed: int = 0,
+    debug: bool = False,
+    predicted: dict[StageRef, int] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Schedule:
+    """Run ``policy`` on ``instance`` and return the Schedule.
+
+    ``predicted`` overrides the output lengths policies are told (default: each
+    stage's ``predicted_output_tokens``, else the truth). ``debug`` re-checks every
+    invariant in full after every event. ``progress(n)`` is called as stages finish.
+    """
+    if timing not in ("step", "calibrated"):
+        raise ValueError(f"timing must be 'step' or 'calibrated', got {timing!r}")
+    policy.reset(PolicyContext(server=instance.server, timing=timing, seed=seed))
+    engine_cls = StepEngine if timing == "step" else CalibratedEngine
+    engine = engine_cls(instance, policy, debug=debug, predicted=predicted, progress=progress)
+    return engine.run()
+
+
+class _Engine:
+    """Recording and policy plumbing shared by both engines."""
+
+    timing = "calibrated"
+
+    def __init__(
+        self,
+        instance: Instance,
+        policy: Policy,
+        debug: bool,
+        predicted: dict[StageRef, int] | None,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.inst = instance
+        self.policy = policy
+        self.debug = debug
+        self.progress = progress
+        self.predicted = predicted or {}
+        self.state = State.initial(instance, self.kv_need)
+        self.schedule = Schedule(instance=instance, timing=self.timing)
+        self.admitted_at: dict[StageRef, tuple[float, bool]] = {}  # admit time, prefix hit
+        self.started_at: dict[StageRef, float] = {}
+        self.load_started: dict[str, float] = {}
+        self.resident_from: dict[str, float] = {}
+        self.stages_left = instance.num_stages
+        # releases in order of (release time, task order)
+        self.pending = deque(sorted(range(len(instance.tasks)), key=self.release_key))
+
+    # engine-specific
+    def kv_need(self, ref: StageRef, generated: int) -> int:
+        raise NotImplementedError
+
+    def release_key(self, i: int) -> tuple[float, int]:
+        return (self.inst.tasks[i].arrival, i)
+
+    # ------------------------------------------------------------------ common steps
+
+    def task_info(self, i: int, release: float) -> TaskInfo:
+        task = self.inst.tasks[i]
+        pred = {sid: n for (tid, sid), n in self.predicted.items() if tid == task.id}
+        return TaskInfo.of(task, release, pred or None)
+
+    def consult(self) -> Decision:
+        t0 = wallclock.perf_counter()
+        decision = self.policy.decide(self.state)
+        self.schedule.decision_times_s.append(wallclock.perf_counter() - t0)
+        if not isinstance(decision, Decision):
+            raise SimulationError(
+                f"policy {self.policy.spec()!r} returned {type(decision).__name__}, not Decision"
+            )
+        return decision
+
+    def apply(self, decision: Decision) -> list[StageRef]:
+        """Apply a policy decision to the State and record what it changed."""
+        st = self.state
+        before_loading = {a for a, p in st.prefixes.items() if p.status == PrefixStatus.LOADING}
+        hits = {r: st.is_resident(st.agent_of(r)) for r in decision.admit if r in st.waiting}
+        for ref in decision.preempt:
+            if ref in st.running:
+                self.on_preempt(ref)
+        try:
+            started = apply_inplace(st, decision)
+        except ValueError as e:
+            raise SimulationError(
+                f"policy {self.policy.spec()!r} at t={st.time:g}: infeasible decision: {e}"
+            ) from None
+        for agent in decision.evict:
+            self.close_prefix(agent, st.time)
+        for ref in decision.admit:
+            self.admitted_at[ref] = (st.time, hits.get(ref, False))
+            self.on_admit(ref)
+        for agent, p in st.prefixes.items():
+            if p.status == PrefixStatus.LOADING and agent not in before_loading:
+                self.load_started[agent] = st.time
+                self.on_load(agent)
+        for ref in started:
+            self.on_start(ref)
+        return started
+
+    def on_preempt(self, ref: StageRef) -> None:
+        """Record a preempted run; engine subclasses free their own bookkeeping."""
+        admit, hit = self.admitted_at.pop(ref)
+        start = self.started_at.pop(ref, self.state.time)
+        self.schedule.runs.append(
+            StageRun(ref[0], ref[1], self.state.agent_of(ref), admit, start, self.state.time,
+                     preempted=True, prefix_hit=hit)
+        )
+
+    def on_admit(self, ref: StageRef) -> None:
+        pass
+
+    def on_load(self, agent: str) -> None:
+        pass
+
+    def on_start(self, ref: StageRef) -> None:
+        self.started_at[ref] = self.state.time
+
+    def finish(self, ref: StageRef, now: float) -> list[StageRef]:
+        """A stage completes at ``now``: record it, free it, unblock its children."""
+        st = self.state
+        admit, hit = self.admitted_at.pop(ref)
+        start = self.started_at.pop(ref)
+        agent = st.agent_of(ref)
+        self.schedule.runs.append(
+            StageRun(ref[0], ref[1], agent, admit, start, now, preempted=False, prefix_hit=hit)
+        )
+        ready = complete_stage(st, ref, now - start)
+        self.stages_left -= 1
+        if self.progress is not None:
+            self.progress(1)
+        return ready
+
+    def prefix_done(self, agent: str) -> list[StageRef]:
+        self.resident_from[agent] = self.state.time
+        started = prefix_ready(self.state, agent)
+        for ref in started:
+            self.on_start(ref)
+        return started
+
+    def close_prefix(self, agent: str, end: float) -> None:
+        start = self.load_started.pop(agent)
+        resident = self.resident_from.pop(agent, end)
+        self.schedule.prefixes.append(PrefixInterval(agent, start, resident, max(end, resident)))
+
+    def close_all(self, end: float) -> None:
+        for agent in list(self.load_started):
+            self.close_prefix(agent, end)
+        self.schedule.prefixes.sort(key=lambda p: (p.load_start, p.agent))
+
+    def stalled(self) -> SimulationError:
+        st = self.state
+        return SimulationError(
+            f"policy {self.policy.spec()!r} stalled at t={st.time:g}: {len(st.waiting)} stage(s) "
+            f"wait, nothing runs and no event is pending"
+        )
+
+    def check_invariants(self) -> None:
+        """Full check (debug mode): accounting, phases, prefixes of running stages."""
+        st = self.state
+        committed = sum(r.reserved for r in st.running.values()) + sum(
+            p.tokens for p in st.prefixes.values() if p.status != PrefixStatus.ABSENT
+        )
+        assert committed == st.kv_committed, (committed, st.kv_committed)
+        users: dict[str, int] = {a: 0 for a in st.prefixes}
+        for ref in st.running:
+            users[st.agent_of(ref)] += 1
+            if st.phase[ref] == Phase.RUNNING:
+                assert st.is_resident(st.agent_of(ref)), f"{ref} runs without its prefix"
+            task = st.tasks[ref[0]]
+            for d in task.stages[ref[1]].deps:
+                assert st.phase[(ref[0], d)] == Phase.DONE, f"{ref} runs before dep {d}"
+        for a, p in st.prefixes.items():
+            assert p.users == users[a], (a, p.users, users[a])
+        for ref in st.waiting:
+            assert st.phase[ref] == Phase.WAITING
+        if st.max_running is not None:
+            assert len(st.running) <= st.max_running
+
+
+# =========================================================================== step model
+
+
+class StepEngine(_Engine):
+    """The exact step model (DESIGN rules 1-12)."""
+
+    timing = "step"
+
+    def __init__(self, instance: Instance, policy: Policy, **kw) -> None:  # type: ignore[no-untyped-def]
+        self.st_timing = StepTiming.of(instance)
+        super().__init__(instance, policy, **kw)
+        self.schedule.step_s = self.st_timing.step_s
+        self.t = 0
+        self.ends: list[tuple[int, int, StageRef]] = []  # (end step, seq, ref)
+        self.end_of: dict[StageRef, int] = {}
+        self.loads: dict[str, int] = {}  # agent -> step its load completes
+        self.seq = 0
+
+    def kv_need(self, ref: StageRef, generated: int) -> int:
+        # Rule 3: a stage holds input + output tokens (the truth: feasibility is the engine's).
+        s = self.inst.stage(ref)
+        return s.input_tokens + s.output_tokens
+
+    def release_key(self, i: int) -> tuple[float, int]:
+        return (self.st_timing.release(self.inst.tasks[i].arrival), i)
+
+    def on_start(self, ref: StageRef) -> None:
+        super().on_start(ref)
+        s = self.inst.stage(ref)
+        end = self.t + self.st_timing.stage_steps(s.input_tokens, s.output_tokens)  # rule 2
+        self.end_of[ref] = end
+        self.seq += 1
+        heapq.heappush(self.ends, (end, self.seq, ref))
+
+    def on_load(self, agent: str) -> None:
+        self.loads[agent] = self.t + self.st_timing.load_steps[agent]  # rule 3
+
+    def on_preempt(self, ref: StageRef) -> None:
+        super().on_preempt(ref)  # rule 10: frees KV and slot, restarts from scratch later
+        self.end_of.pop(ref, None)
+
+    def run(self) -> Schedule:
+        st = self.state
+        step_s = self.st_timing.step_s
+        wake: int | None = None
+        while True:
+            t = self.t
+            st.time = t * step_s
+            event = False
+            # Rule 7: completions, then releases ...
+            while self.ends and self.ends[0][0] <= t:
+                end, _, ref = heapq.heappop(self.ends)
+                if self.end_of.get(ref) != end:
+                    continue  # preempted
+                del self.end_of[ref]
+                self.finish(ref, st.time)
+                event = True
+            while self.pending and self.release_key(self.pending[0])[0] <= t:
+                i = self.pending.popleft()
+                release_task(st, self.task_info(i, st.time))
+                event = True
+            # ... a load started at L makes the prefix resident from L + l_a (rule 3);
+            # stages admitted while it loaded start now (rule 9).
+            for agent in [a for a, done in self.loads.items() if done <= t]:
+                del self.loads[agent]
+                self.prefix_done(agent)
+                event = True
+            if self.stages_left == 0:
+                break
+            # Rule 12: consult the policy where a stage waits or a load could help.
+            woke = wake is not None and wake <= t
+            if event or woke or (not self.policy.event_driven and self._may_act()):
+                decision = self.consult()
+                # ... evictions, loads started, stages started; then the capacity check.
+                self.apply(decision)
+                wake = None if decision.wake_at is None else self._to_step(decision.wake_at)
+                if wake is not None and wake <= t:
+                    wake = t + 1
+            if self.debug:
+                self.check_invariants()
+            self.t = self._next_step(wake)
+        self.close_all(self.t * step_s)
+        self.schedule.peak_kv_tokens = self._peak_kv()
+        return self.schedule
+
+    def _to_step(self, seconds: float) -> int:
+        return self.st_timing.release(seconds)
+
+    def _may_act(self) -> bool:
+        st = self.state
+        if st.waiting:
+            return True
+        if not st.tasks:
+            return False
+        absent = {a for a, p in st.prefixes.items() if p.status == PrefixStatus.ABSENT}
+        return bool(absent) and any(
+            st.phase[(tid, sid)] != Phase.DONE and s.agent in absent
+            for tid, info in st.tasks.items()
+            for sid, s in info.stages.items()
+        )
+
+    def _next_step(self, wake: int | None) -> int:
+        t = self.t
+        if not self.policy.event_driven and self._may_act():
+            return t + 1
+        cands = []
+        if self.ends:
+            cands.append(self.ends[0][0])
+        if self.pending:
+            cands.append(self.release_key(self.pending[0])[0])
+        if self.loads:
+            cands.append(min(self.loads.values()))
+        if wake is not None:
+            cands.append(wake)
+        cands = [c for c in cands if c > t]
+        if not cands:
+            raise self.stalled()
+        return min(cands)
+
+    def _peak_kv(self) -> int:
+        events: list[tuple[float, int]] = []
+        for r in self.schedule.runs:
+            s = self.inst.stage(r.ref)
+            events += [(r.admit, s.input_tokens + s.output_tokens), (r.end, -(s.input_tokens + s.output_tokens))]
+        for p in self.schedule.prefixes:
+            tokens = self.inst.agent_by_id[p.agent].prefix_tokens
+            events += [(p.load_start, tokens), (p.end, -tokens)]
+        events.sort(key=lambda e: (e[0], e[1]))
+        peak = cur = 0
+        for _, d in events:
+            cur += d
+            peak = max(peak, cur)
+        return peak
+
+
+# =========================================================================== calibrated
+
+
+@dataclass
+class _Live:
+    """Engine-side progress of an admitted stage (calibrated model)."""
+
+    base_held: int  # KV tokens held when admitted, or when it joined the decode batch
+    gen0: int  # output tokens generated by then
+    join_iter: int = -1  # decode-iteration counter when it joined decoding (-1: not decoding)
+    ctx0: int = 0  # attended context (prefix + held) when it joined decoding
+
+    def held(self, decode_iter: int) -> int:
+        return self.base_held + (decode_iter - self.join_iter if self.join_iter >= 0 else 0)
+
+    def generated(self, decode_iter: int) -> int:
+        return self.gen0 + (decode_iter - self.join_iter if self.join_iter >= 0 else 0)
+
+
+class CalibratedEngine(_Engine):
+    """SGLang-style iterations with the linear iteration-time model."""
+
+    timing = "calibrated"
+
+    def __init__(self, instance: Instance, policy: Policy, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(instance, policy, **kw)
+        server = instance.server
+        self.cost = linear_cost(server)
+        self.chunk = server.chunk_tokens
+        self.mixed = server.mixed_chunk
+        self.host = server.prefix_load if isinstance(server.prefix_load, HostLoad) else None
+        self.now = 0.0
+        self.kv_actual = 0
+        self.live: dict[StageRef, _Live] = {}
+        self.prefill: deque[list] = deque()  # [kind, key, tokens left, context done]
+        self.host_queue: deque[str] = deque()
+        self.host_busy: tuple[float, str] | None = None  # (done time, agent)
+        self.decode_iter = 0
+        self.decoding: list[tuple[int, int, StageRef]] = []  # (finish iter, seq, ref)
+        self.n_decoding = 0
+        self.ctx_sum = 0
+        self.seq = 0
+        self.dirty = True
+        self.wake: float | None = None
+        self.overrun_at: list[tuple[int, StageRef]] = []  # (iter it passes its prediction, ref)
+        self.overrunning: set[StageRef] = set()  # decoding past the predicted length
+
+    # ------------------------------------------------------------------ accounting
+
+    def kv_need(self, ref: StageRef, generated: int) -> int:
+        # SGLang reserves input + predicted remaining output; generated tokens come back
+        # as prompt after a retraction: input + generated + max(0, predicted - generated).
+        info = self.state.stage(ref)
+        return info.input_tokens + max(info.predicted_output, generated)
+
+    def on_admit(self, ref: StageRef) -> None:
+        gen = self.state.generated.get(ref, 0)
+        s = self.inst.stage(ref)
+        held = s.input_tokens + gen  # after a retraction the generated tokens are re-prefilled
+        self.live[ref] = _Live(base_held=held, gen0=gen)
+        self.kv_actual += held
+        self.prefill.append(["stage", ref, held, 0])
+
+    def on_load(self, agent: str) -> None:
+        self.kv_actual += self.state.prefixes[agent].tokens
+        if self.host is not None:
+            self.host_queue.append(agent)
+            self._start_transfer()
+        else:
+            self.prefill.append(["prefix", agent, self.state.prefixes[agent].tokens, 0])
+
+    def close_prefix(self, agent: str, end: float) -> None:
+        super().close_prefix(agent, end)
+        self.kv_actual -= self.state.prefixes[agent].tokens
+
+    def on_preempt(self, ref: StageRef) -> None:
+        super().on_preempt(ref)
+        live = self.live.pop(ref)
+        self.kv_actual -= live.held(self.decode_iter)
+        if live.join_iter >= 0:
+            self.n_decoding -= 1
+            self.ctx_sum -= self._ctx(live)
+        else:
+            self.prefill = deque(seg for seg in self.prefill if seg[1] != ref)
+        self.state.generated[ref] = live.generated(self.decode_iter)
+        self.overrunning.discard(ref)
+        self.dirty = True
+
+    def _ctx(self, live: _Live) -> int:
+        return live.ctx0 + (self.decode_iter - live.join_iter)
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> Schedule:
+        st = self.state
+        while self.stages_left > 0:
+            self._handle_time_events()
+            if self.dirty or (self.wake is not None and self.wake <= self.now):
+                self.dirty = False
+                self._sync_reservations()
+                decision = self.consult()
+                self.wake = decision.wake_at
+                self.apply(decision)
+                if self.debug:
+                    self.check_invariants()
+                    self._check_kv()
+            if self._prefill_runnable():
+                self._prefill_iteration()
+            elif self.n_decoding:
+                self._decode_span()
+            else:
+                nxt = self._next_time_event()
+                if nxt is None:
+                    if self.dirty:
+                        continue
+                    raise self.stalled()
+                self.now = max(self.now, nxt)
+                st.time = self.now
+        self.close_all(self.now)
+        return self.schedule
+
+    def _handle_time_events(self) -> None:
+        st = self.state
+        st.time = self.now
+        while self.pending and self.inst.tasks[self.pending[0]].arrival <= self.now + 1e-12:
+            i = self.pending.popleft()
+            release_task(st, self.task_info(i, self.inst.tasks[i].arrival))
+            self.dirty = True
+        if self.host_busy is not None and self.host_busy[0] <= self.now + 1e-12:
+            agent = self.host_busy[1]
+            self.host_busy = None
+            self.prefix_done(agent)
+            self._start_transfer()
+            self.dirty = True
+
+    def _next_time_event(self) -> float | None:
+        cands = []
+        if self.pending:
+            cands.append(self.inst.tasks[self.pending[0]].arrival)
+        if self.host_busy is not None:
+            cands.append(self.host_busy[0])
+        if self.wake is not None and self.wake > self.now:
+            cands.append(self.wake)
+        return min(cands) if cands else None
+
+    def _start_transfer(self) -> None:
+        if self.host_busy is None and self.host_queue and self.host is not None:
+            agent = self.host_queue.popleft()
+            done = self.now + host_transfer_s(self.state.prefixes[agent].tokens, self.host)
+            self.host_busy = (done, agent)
+
+    def _sync_reservations(self) -> None:
+        """Stages decoding past their predicted length commit what they hold (SGLang's
+        reservation of the remaining predicted output is then zero)."""
+        st = self.state
+        while self.overrun_at and self.overrun_at[0][0] <= self.decode_iter:
+            _, ref = heapq.heappop(self.overrun_at)
+            if ref in self.live and self.live[ref].join_iter >= 0:
+                self.overrunning.add(ref)
+        for ref in self.overrunning:
+            live, run = self.live[ref], st.running[ref]
+            held = live.held(self.decode_iter)
+            if held > run.reserved:
+                st.kv_committed += held - run.reserved
+                run.reserved = held
+        for ref, live in self.live.items():
+            st.running[ref].generated = live.generated(self.decode_iter)
+
+    # ------------------------------------------------------------------ prefill
+
+    def _runnable(self, seg: list) -> bool:
+        if seg[0] == "prefix":
+            return True
+        return self.state.phase[seg[1]] == Phase.RUNNING
+
+    def _prefill_runnable(self) -> bool:
+        return any(self._runnable(seg) for seg in self.prefill)
+
+    def _prefill_iteration(self) -> None:
+        """One prefill (extend) batch of up to ``chunk_tokens`` tokens, in queue order."""
+        budget = self.chunk
+        tokens = 0
+        kv_read = 0
+        finished: list[list] = []
+        for seg in self.prefill:
+            if budget == 0:
+                break
+            if not self._runnable(seg):
+                continue
+            take = min(budget, seg[2])
+            kv_read += seg[3] + self._base_context(seg)
+            seg[2] -= take
+            seg[3] += take
+            budget -= take
+            tokens += take
+            if seg[2] == 0:
+                finished.append(seg)
+        decode_n = self.n_decoding if self.mixed else 0
+        if decode_n:
+            kv_read += self.ctx_sum
+        self.now += iteration_s(self.cost, tokens, decode_n, kv_read)
+        self.schedule.iterations += 1
+        self.state.time = self.now
+        if decode_n:
+            self._advance_decode(1)
+        done = {id(seg) for seg in finished}
+        self.prefill = deque(seg for seg in self.prefill if id(seg) not in done)
+        for seg in finished:
+            if seg[0] == "prefix":
+                self.prefix_done(seg[1])
+            else:
+                self._prefilled(seg[1])
+            self.dirty = True
+        if decode_n:
+            self._pop_finished()
+
+    def _base_context(self, seg: list) -> int:
+        if seg[0] == "prefix":
+            return 0
+        return self.state.prefixes[self.state.agent_of(seg[1])].tokens
+
+    def _prefilled(self, ref: StageRef) -> None:
+        """The last prefill chunk of a stage produced its next output token."""
+        live = self.live[ref]
+        s = self.inst.stage(ref)
+        live.gen0 += 1
+        live.base_held += 1
+        self.kv_actual += 1
+        if live.gen0 >= s.output_tokens:
+            self._complete(ref)
+            return
+        live.join_iter = self.decode_iter
+        live.ctx0 = self.state.prefixes[s.agent].tokens + live.base_held
+        self.n_decoding += 1
+        self.ctx_sum += live.ctx0
+        self.seq += 1
+        heapq.heappush(self.decoding, (self.decode_iter + s.output_tokens - live.gen0, self.seq, ref))
+        pred = self.state.stage(ref).predicted_output
+        if live.gen0 >= pred:
+            self.overrunning.add(ref)
+        else:
+            heapq.heappush(self.overrun_at, (self.decode_iter + pred - live.gen0, ref))
+
+    # ------------------------------------------------------------------ decode
+
+    def _decode_span(self) -> None:
+        """Advance ``k`` decode iterations in one jump, up to the next event."""
+        n = self.n_decoding
+        if self.kv_actual + n > self.state.capacity:
+            self._make_room(n)
+            return
+        k = self.decoding[0][0] - self.decode_iter if self.decoding else 1
+        k = min(k, (self.state.capacity - self.kv_actual) // n)
+        nxt = self._next_time_event()
+        if nxt is not None:
+            k = min(k, decode_iters_within(self.cost, n, self.ctx_sum, nxt - self.now))
+        k = max(1, k)
+        self.now += decode_span_s(self.cost, n, self.ctx_sum, k)
+        self.state.time = self.now
+        self.schedule.iterations += k
+        self._advance_decode(k)
+        self._pop_finished()
+
+    def _advance_decode(self, k: int) -> None:
+        n = self.n_decoding
+        self.decode_iter += k
+        self.ctx_sum += n * k
+        self.kv_actual += n * k
+        self.schedule.peak_kv_tokens = max(self.schedule.peak_kv_tokens, self.kv_actual)
+        if self.kv_actual > self.state.capacity:
+            raise SimulationError(f"KV {self.kv_actual} exceeds capacity at t={self.now:g}")
+
+    def _pop_finished(self) -> None:
+        while self.decoding and self.decoding[0][0] <= self.decode_iter:
+            _, _, ref = heapq.heappop(self.decoding)
+            live = self.live.get(ref)
+            if live is None or live.join_iter < 0:
+                continue  # retracted; a fresh entry exists if it came back
+            if live.generated(self.decode_iter) < self.inst.stage(ref).output_tokens:
+                continue  # stale entry from before a retraction
+            self.n_decoding -= 1
+            self.ctx_sum -= self._ctx(live)
+            self._complete(ref)
+
+    def _complete(self, ref: StageRef) -> None:
+        live = self.live.pop(ref)
+        self.kv_actual -= live.held(self.decode_iter)
+        self.overrunning.discard(ref)
+        self.finish(ref, self.now)
+        self.dirty = True
+
+    def _make_room(self, n: int) -> None:
+        """Decode memory ran out: evict unused prefixes, then retract stages (SGLang)."""
+        st = self.state
+        for agent in self.policy.eviction_order(st):
+            if self.kv_actual + n <= st.capacity:
+                return
+            if st.prefixes[agent].evictable:
+                apply_inplace(st, Decision(evict=(agent,)))
+                self.close_prefix(agent, self.now)
+                self.dirty = True
+        while self.kv_actual + self.n_decoding > st.capacity and self.n_decoding:
+            cands = [r for r, lv in self.live.items() if lv.join_iter >= 0]
+            self._sync_reservations()
+            victim = self.policy.choose_victim(st, cands)
+            if victim not in cands:
+                raise SimulationError(
+                    f"policy {self.policy.spec()!r} chose victim {victim}, which is not decoding"
+                )
+            self.on_preempt(victim)
+            apply_inplace(st, Decision(preempt=(victim,)))
+            self.schedule.retractions += 1
+            self.dirty = True
+
+    def _check_kv(self) -> None:
+        held = sum(lv.held(self.decode_iter) for lv in self.live.values()) + sum(
+            p.tokens for p in self.state.prefixes.values() if p.status != PrefixStatus.ABSENT
+        )
+        assert held == self.kv_actual, (held, self.kv_actual)
+        assert self.kv_actual <= self.state.capacity

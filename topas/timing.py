@@ -1,0 +1,175 @@
+"""Timing: the exact step model and the calibrated iteration-time model.
+
+Step model (DESIGN rules 1-2): integer steps; a stage lasts
+``ceil(input/chunk) + output`` steps and a prefix load ``ceil(p/chunk)`` steps
+(recompute) or ``max(1, ceil(p/(tokens_per_s*step_s)))`` (host).
+
+Calibrated model: one iteration costs
+``base_s + prefill_token_s*P + decode_seq_s*D + kv_token_s*K`` seconds (P prefill
+tokens, D decode sequences, K KV tokens read). :data:`DEFAULT_LINEAR` holds the
+defaults for Llama-3-8B on one H100, fitted by ``analysis/fit_timing.py``;
+``docs/calibration.md`` gives the sources.
+
+Policies may use :func:`predicted_service_s` to estimate stage durations; it reads
+only what a policy is allowed to see.
+
+This module imports only :mod:`topas.instance`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from topas.instance import (
+    HostLoad,
+    Instance,
+    LinearCost,
+    ServerSpec,
+    StepCost,
+    release_step,
+)
+
+DEFAULT_LINEAR = LinearCost(
+    base_s=0.0048, prefill_token_s=2.5e-5, decode_seq_s=2.0e-5, kv_token_s=3.9e-8
+)
+"""Llama-3-8B (bf16, GQA 8 KV heads) on one H100 SXM: see docs/calibration.md."""
+
+REFERENCE_DECODE_BATCH = 32
+"""Decode batch size assumed by :func:`predicted_service_s` in the calibrated model."""
+
+TIMING_MODES = ("step", "calibrated")
+
+
+# --------------------------------------------------------------------------- step model
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Durations of the step model for one instance (DESIGN rules 1-2)."""
+
+    step_s: float
+    chunk_tokens: int
+    load_steps: dict[str, int]  # agent -> l_a
+
+    @classmethod
+    def of(cls, instance: Instance) -> StepTiming:
+        server = instance.server
+        step_s = step_seconds(server)
+        loads = {a.id: prefix_load_steps(a.prefix_tokens, server, step_s) for a in instance.agents}
+        return cls(step_s=step_s, chunk_tokens=server.chunk_tokens, load_steps=loads)
+
+    def stage_steps(self, input_tokens: int, output_tokens: int) -> int:
+        """``d_v = ceil(input/chunk) + output``."""
+        return stage_steps(input_tokens, output_tokens, self.chunk_tokens)
+
+    def release(self, arrival: float) -> int:
+        return release_step(arrival, self.step_s)
+
+
+def step_seconds(server: ServerSpec) -> float:
+    """``step_s`` of a step cost model; a linear model's ``base_s`` when overridden."""
+    cost = server.cost_model
+    if isinstance(cost, StepCost):
+        return cost.step_s
+    if isinstance(cost, LinearCost):
+        return cost.base_s
+    return DEFAULT_LINEAR.base_s
+
+
+def stage_steps(input_tokens: int, output_tokens: int, chunk_tokens: int) -> int:
+    return -(-input_tokens // chunk_tokens) + output_tokens
+
+
+def prefix_load_steps(prefix_tokens: int, server: ServerSpec, step_s: float) -> int:
+    """``l_a``: recompute ``ceil(p/chunk)``; host ``max(1, ceil(p/(tokens_per_s*step_s)))``."""
+    load = server.prefix_load
+    if isinstance(load, HostLoad):
+        return max(1, math.ceil(prefix_tokens / (load.tokens_per_s * step_s) - 1e-9))
+    return -(-prefix_tokens // server.chunk_tokens)
+
+
+# --------------------------------------------------------------------------- calibrated
+
+
+def linear_cost(server: ServerSpec) -> LinearCost:
+    """The iteration-cost parameters of the calibrated model for this server."""
+    cost = server.cost_model
+    return cost if isinstance(cost, LinearCost) else DEFAULT_LINEAR
+
+
+def iteration_s(
+    cost: LinearCost, prefill_tokens: int, decode_seqs: int, kv_tokens_read: float
+) -> float:
+    """Time of one iteration of the calibrated model."""
+    return (
+        cost.base_s
+        + cost.prefill_token_s * prefill_tokens
+        + cost.decode_seq_s * decode_seqs
+        + cost.kv_token_s * kv_tokens_read
+    )
+
+
+def decode_span_s(cost: LinearCost, n: int, ctx_sum: float, k: int) -> float:
+    """Time of ``k`` decode iterations of ``n`` sequences whose contexts sum to ``ctx_sum``.
+
+    Each iteration reads every context and then grows each by one token, so
+    iteration ``i`` (from 0) reads ``ctx_sum + n*i``:
+    ``k*(base + decode_seq*n + kv*ctx_sum) + kv*n*k*(k-1)/2``.
+    """
+    per = cost.base_s + cost.decode_seq_s * n + cost.kv_token_s * ctx_sum
+    return k * per + cost.kv_token_s * n * k * (k - 1) / 2.0
+
+
+def decode_iters_within(cost: LinearCost, n: int, ctx_sum: float, budget_s: float) -> int:
+    """Smallest ``k >= 1`` such that ``k`` decode iterations take at least ``budget_s``."""
+    if budget_s <= 0:
+        return 1
+    a = cost.kv_token_s * n / 2.0
+    b = cost.base_s + cost.decode_seq_s * n + cost.kv_token_s * ctx_sum - a
+    # solve a*k^2 + b*k = budget_s for the positive root, then round up and fix rounding
+    if a > 0:
+        k = (-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a)
+    else:
+        k = budget_s / b
+    k = max(1, math.ceil(k - 1e-9))
+    while k > 1 and decode_span_s(cost, n, ctx_sum, k - 1) >= budget_s:
+        k -= 1
+    while decode_span_s(cost, n, ctx_sum, k) < budget_s:
+        k += 1
+    return k
+
+
+def host_transfer_s(prefix_tokens: int, load: HostLoad) -> float:
+    return prefix_tokens / load.tokens_per_s
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def predicted_service_s(
+    server: ServerSpec, timing: str, input_tokens: int, predicted_output: int
+) -> float:
+    """A policy's estimate of a stage's service time in seconds (no prefix load).
+
+    Step model: ``d_v`` steps times ``step_s``. Calibrated model: its prefill at the
+    prefill rate plus its decode iterations at a reference batch of
+    :data:`REFERENCE_DECODE_BATCH` sequences (one iteration per output token).
+    """
+    if timing == "step":
+        return stage_steps(input_tokens, predicted_output, server.chunk_tokens) * step_seconds(
+            server
+        )
+    cost = linear_cost(server)
+    per_iter = iteration_s(cost, 0, REFERENCE_DECODE_BATCH, 0.0)
+    return input_tokens * cost.prefill_token_s + predicted_output * per_iter
+
+
+def predicted_load_s(server: ServerSpec, timing: str, prefix_tokens: int) -> float:
+    """A policy's estimate of the time to make a prefix resident."""
+    if timing == "step":
+        step_s = step_seconds(server)
+        return prefix_load_steps(prefix_tokens, server, step_s) * step_s
+    if isinstance(server.prefix_load, HostLoad):
+        return host_transfer_s(prefix_tokens, server.prefix_load)
+    return prefix_tokens * linear_cost(server).prefill_token_s
