@@ -163,14 +163,19 @@ def load_profile(path: Path) -> Profile:
         missing = [c for c in need if c not in (reader.fieldnames or [])]
         if missing:
             raise DataError(f"{path}: missing columns {', '.join(missing)}")
-        for row in reader:
-            if int(float(row["num_tensor_parallel_workers"])) != 1:
-                continue
+        for line, row in enumerate(reader, start=2):
+            try:
+                if int(float(row["num_tensor_parallel_workers"])) != 1:
+                    continue
+                shape = {col: int(float(row[col])) for col in expect}
+                n = int(float(row["num_tokens"]))
+                times = [float(row[f"time_stats.{op}.median"]) for op in OPS]
+            except (TypeError, ValueError) as exc:
+                raise DataError(f"{path}:{line}: unreadable value ({exc})") from None
             for col, want in expect.items():
-                if int(float(row[col])) != want:
-                    raise DataError(f"{path}: {col}={row[col]}, expected {want}")
-            n = int(float(row["num_tokens"]))
-            by_n.setdefault(n, []).append([float(row[f"time_stats.{op}.median"]) for op in OPS])
+                if shape[col] != want:
+                    raise DataError(f"{path}: {col}={shape[col]}, expected {want}")
+            by_n.setdefault(n, []).append(times)
     if len(by_n) < 4:
         raise DataError(f"{path}: fewer than 4 distinct num_tokens at TP=1")
     n = np.array(sorted(by_n), dtype=float)
@@ -470,6 +475,8 @@ def fit(
     a100 = load_profile(data_dir / A100_FILE)
     curves = h100_llama3_curves(h100)
     n = curves.n
+    if np.any(curves.decode <= 0) or np.any(curves.prefill <= 0):
+        raise DataError(f"{h100.path}: non-positive summed operator times")
 
     dec = n <= DECODE_MAX_N
     pre = n >= PREFILL_MIN_N

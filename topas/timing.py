@@ -31,9 +31,19 @@ from topas.instance import (
 )
 
 DEFAULT_LINEAR = LinearCost(
-    base_s=0.0048, prefill_token_s=2.5e-5, decode_seq_s=2.0e-5, kv_token_s=3.9e-8
+    base_s=0.00600793553647028,
+    prefill_token_s=1.9738919263606472e-05,
+    decode_seq_s=1.7476519699579642e-05,
+    kv_token_s=4.6030553116769094e-08,
 )
-"""Llama-3-8B (bf16, GQA 8 KV heads) on one H100 SXM: see docs/calibration.md."""
+"""Llama-3-8B (bf16, GQA 8 KV heads) on one H100 SXM, TP=1.
+
+``base_s``, ``prefill_token_s`` and ``decode_seq_s``: least-squares fits of the linear
+layers' measured operator times (Vidur's public H100 profiles, scaled from the
+Llama-2-7B to the Llama-3-8B shape, plus an LM-head estimate) by
+``analysis/fit_timing.py``; ``kv_token_s``: 128 KiB of KV per token over 85% of the
+H100's 3.35 TB/s. Sources, residuals and the A100 cross-check: docs/calibration.md.
+"""
 
 REFERENCE_DECODE_BATCH = 32
 """Decode batch size assumed by :func:`predicted_service_s` in the calibrated model."""

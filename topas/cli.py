@@ -1,0 +1,279 @@
+"""The ``topas`` command line: generate, simulate, compare, demo.
+
+Bad input (a malformed instance, an unknown policy or parameter) prints one line
+``topas: error: ...`` and exits with status 2, without a traceback and without
+writing any output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from topas.instance import Instance, InstanceError, load_instance, save_instance, write_text_atomic
+from topas.policies import BASELINES, PolicySpecError, available, make_policy
+from topas.results import result_document, write_result
+from topas.schedule import Metrics, evaluate
+from topas.simulator import SimulationError, simulate
+from topas.timing import TIMING_MODES
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user error: reported in one line, exit status 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, InstanceError, PolicySpecError, SimulationError, ValueError) as e:
+        print(f"topas: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("topas: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="topas",
+        description="Task-oriented, prefix-aware scheduling of multi-agent LLM workflows.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="write a workload instance file")
+    g.add_argument("workload", help="chain, fanout, mixed, metagpt-sop or metagpt-tl")
+    g.add_argument("-o", "--out", required=True, help="instance file to write")
+    g.add_argument("--tasks", type=int, default=100, help="number of tasks (default 100)")
+    g.add_argument("--seed", type=int, default=0)
+    rate = g.add_mutually_exclusive_group()
+    rate.add_argument("--load", type=float, help="target load factor (default: the workload's)")
+    rate.add_argument("--rate", type=float, help="Poisson arrival rate in tasks/s")
+    g.add_argument("--kv-capacity", type=int, help="KV budget in tokens")
+    g.add_argument("--max-running", type=int, help="batch limit (default unlimited)")
+    g.add_argument("--chunk-tokens", type=int, help="prefill chunk in tokens")
+    g.add_argument("--prediction-sigma", type=float, default=0.0,
+                   help="log-normal noise on predicted_output_tokens (default 0: the truth)")
+    g.add_argument("--token-scale", type=float, default=1.0, help="divide token counts by this")
+    g.add_argument("--timing", choices=TIMING_MODES, default="calibrated",
+                   help="cost model written into the file (default calibrated)")
+    g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="workload parameter (repeatable); see `topas workloads`")
+    g.set_defaults(func=cmd_generate)
+
+    w = sub.add_parser("workloads", help="describe the workload families and their parameters")
+    w.add_argument("name", nargs="?", help="one workload (default: all)")
+    w.set_defaults(func=cmd_workloads)
+
+    s = sub.add_parser("simulate", help="run one policy on an instance")
+    s.add_argument("instance")
+    s.add_argument("--policy", required=True, help="policy spec, e.g. lpm or pkg.mod:Class")
+    _run_options(s)
+    s.add_argument("--out", required=True, help="result file to write (topas-result/1)")
+    s.add_argument("--with-schedule", action="store_true", help="include the full schedule")
+    s.set_defaults(func=cmd_simulate)
+
+    c = sub.add_parser("compare", help="run several policies on one instance, side by side")
+    c.add_argument("instance")
+    c.add_argument("--policies", default=",".join(BASELINES),
+                   help=f"comma-separated specs (default {','.join(BASELINES)})")
+    _run_options(c)
+    c.add_argument("--csv", help="also write the table as CSV")
+    c.set_defaults(func=cmd_compare)
+
+    d = sub.add_parser("demo", help="compare the baselines on a built-in default workload")
+    d.add_argument("--workload", default="metagpt-sop")
+    d.add_argument("--tasks", type=int, default=200)
+    d.add_argument("--load", type=float, default=1.0)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=cmd_demo)
+
+    pl = sub.add_parser("policies", help="list the registered policies")
+    pl.set_defaults(func=lambda a: print("\n".join(available())))
+    return p
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timing", choices=TIMING_MODES, default=None,
+                   help="step or calibrated (default: the file's cost model)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from topas.workloads import generate
+
+    params = dict(_parse_kv(item) for item in args.param)
+    inst = generate(
+        args.workload,
+        num_tasks=args.tasks,
+        seed=args.seed,
+        load=args.load,
+        rate=args.rate,
+        kv_capacity_tokens=args.kv_capacity,
+        max_running=args.max_running,
+        chunk_tokens=args.chunk_tokens,
+        prediction_sigma=args.prediction_sigma,
+        token_scale=args.token_scale,
+        timing=args.timing,
+        **params,
+    )
+    save_instance(inst, args.out)
+    print(f"wrote {args.out}: {len(inst.tasks)} tasks, {inst.num_stages} stages, "
+          f"{len(inst.agents)} agents")
+
+
+def cmd_workloads(args: argparse.Namespace) -> None:
+    from topas.workloads import WORKLOADS, describe
+
+    names = [args.name] if args.name else list(WORKLOADS)
+    print("\n\n".join(describe(n) for n in names))
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    inst = load_instance(args.instance)
+    make_policy(args.policy)  # fail fast on a bad spec
+    timing = timing_mode(inst, args.timing)
+    metrics, doc = run_one(inst, args.policy, timing, args.seed, not args.no_progress,
+                           include_schedule=args.with_schedule)
+    write_result(doc, args.out)
+    print(format_table([(args.policy, metrics)], timing))
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    inst = load_instance(args.instance)
+    specs = [s.strip() for s in args.policies.split(",") if s.strip()]
+    if not specs:
+        raise CliError("--policies: no policy given")
+    for spec in specs:
+        make_policy(spec)  # fail fast on a bad spec, before any run
+    timing = timing_mode(inst, args.timing)
+    rows = compare(inst, specs, timing, args.seed, progress=not args.no_progress)
+    table = format_table(rows, timing)
+    if args.csv:
+        write_text_atomic(args.csv, format_csv(rows))
+    print(table)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from topas.workloads import generate
+
+    inst = generate(args.workload, num_tasks=args.tasks, seed=args.seed, load=args.load)
+    print(f"workload {inst.name}: {len(inst.tasks)} tasks, {inst.num_stages} stages, "
+          f"{len(inst.agents)} agents, KV budget {inst.server.kv_capacity_tokens} tokens, "
+          f"prefixes {sum(a.prefix_tokens for a in inst.agents)} tokens; calibrated timing")
+    rows = compare(inst, list(BASELINES), "calibrated", args.seed, progress=True)
+    print(format_table(rows, "calibrated"))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def timing_mode(inst: Instance, requested: str | None) -> str:
+    """``--timing`` wins; else a step cost model means step, anything else calibrated."""
+    if requested is not None:
+        return requested
+    cm = inst.server.cost_model
+    return "step" if cm is not None and cm.kind == "step" else "calibrated"
+
+
+def run_one(
+    inst: Instance,
+    spec: str,
+    timing: str,
+    seed: int,
+    progress: bool,
+    include_schedule: bool = False,
+) -> tuple[Metrics, dict[str, Any]]:
+    """Simulate one policy and build its result document."""
+    policy = make_policy(spec)
+    bar = _progress_bar(inst.num_stages, spec, progress)
+    t0 = time.perf_counter()
+    try:
+        schedule = simulate(inst, policy, timing=timing, seed=seed,
+                            progress=None if bar is None else bar.update)
+    finally:
+        if bar is not None:
+            bar.close()
+    runtime = time.perf_counter() - t0
+    metrics = evaluate(schedule)
+    doc = result_document(inst, schedule, metrics, spec, seed, timing, runtime,
+                          include_schedule=include_schedule)
+    return metrics, doc
+
+
+def compare(
+    inst: Instance, specs: list[str], timing: str, seed: int, progress: bool
+) -> list[tuple[str, Metrics]]:
+    return [(spec, run_one(inst, spec, timing, seed, progress)[0]) for spec in specs]
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):  # type: ignore[no-untyped-def]
+    if not enabled or total < 2000:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="stage", leave=False, file=sys.stderr)
+
+
+COLUMNS = ("mean_jct", "p50_jct", "p90_jct", "p99_jct", "max_jct", "makespan",
+           "prefix_hit_rate", "prefix_loads", "preemptions")
+
+
+def format_table(rows: list[tuple[str, Metrics]], timing: str) -> str:
+    unit = "s"
+    header = ["policy"] + [c.replace("_jct", "") + (f" ({unit})" if "jct" in c or c == "makespan"
+                                                   else "") for c in COLUMNS]
+    if timing == "step":
+        header.append("sum JCT (steps)")
+    lines = []
+    for spec, m in rows:
+        cells = [spec]
+        for c in COLUMNS:
+            v = getattr(m, c)
+            cells.append(f"{v:.3f}" if isinstance(v, float) else str(v))
+        if timing == "step":
+            cells.append(str(m.objective_steps))
+        lines.append(cells)
+    widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in  # noqa: E731
+                              enumerate(zip(r, widths, strict=True)))
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, lines)])
+
+
+def format_csv(rows: list[tuple[str, Metrics]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["policy", *COLUMNS, "sum_jct", "objective_steps"])
+    for spec, m in rows:
+        w.writerow([spec, *(getattr(m, c) for c in COLUMNS), m.sum_jct, m.objective_steps])
+    return buf.getvalue()
+
+
+def _parse_kv(item: str) -> tuple[str, Any]:
+    key, eq, value = item.partition("=")
+    if not eq or not key:
+        raise CliError(f"--param: expected KEY=VALUE, got {item!r}")
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    return key, value
+
+
+if __name__ == "__main__":
+    sys.exit(main())
