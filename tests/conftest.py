@@ -56,7 +56,7 @@ def random_instances(draw, max_tasks: int = 4, max_stages: int = 5, host: bool |
     chunk = draw(st.sampled_from([4, 8, 16]))
     prefixes = {f"a{i}": draw(st.integers(1, 40)) for i in range(n_agents)}
     tasks = []
-    biggest = 0
+    biggest = max(prefixes.values())
     for j in range(draw(st.integers(1, max_tasks))):
         n = draw(st.integers(1, max_stages))
         stages = []

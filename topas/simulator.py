@@ -421,8 +421,11 @@ class CalibratedEngine(_Engine):
     def kv_need(self, ref: StageRef, generated: int) -> int:
         # SGLang reserves input + predicted remaining output; generated tokens come back
         # as prompt after a retraction: input + generated + max(0, predicted - generated).
+        # A prediction too long to fit even alone is clipped to what fits beside the
+        # prefix (the truth always does, by validation), so no stage waits for ever.
         info = self.state.stage(ref)
-        return info.input_tokens + max(info.predicted_output, generated)
+        room = self.state.capacity - self.state.prefixes[info.agent].tokens
+        return min(info.input_tokens + max(info.predicted_output, generated), room)
 
     def on_admit(self, ref: StageRef) -> None:
         gen = self.state.generated.get(ref, 0)

@@ -19,6 +19,7 @@ This module imports only :mod:`topas.instance`.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -147,6 +148,8 @@ class State:
     done_service: dict[StageRef, float] = field(default_factory=dict)  # seconds each finished
     # stage ran (start to end), for attained-service policies
     unfinished: dict[str, int] = field(default_factory=dict)  # task -> stages not done
+    task_epoch: dict[str, int] = field(default_factory=dict)  # task -> stamp of its last
+    # phase change, unique across all states: policies cache per-task results by it
 
     # ------------------------------------------------------------------ construction
 
@@ -172,6 +175,7 @@ class State:
         new.generated = dict(self.generated)
         new.done_service = dict(self.done_service)
         new.unfinished = dict(self.unfinished)
+        new.task_epoch = dict(self.task_epoch)
         return new
 
     # ------------------------------------------------------------------ queries
@@ -223,6 +227,14 @@ class State:
 
 
 # --------------------------------------------------------------------------- transition
+
+_EPOCHS = itertools.count(1)
+
+
+def _touch(state: State, task_id: str) -> None:
+    """Record that a stage of ``task_id`` changed phase."""
+    state.task_epoch[task_id] = next(_EPOCHS)
+
 
 
 def apply(state: State, decision: Decision) -> State:
@@ -305,6 +317,7 @@ def _admit(state: State, ref: StageRef) -> bool:
     state.kv_committed += reserved
     p.users += 1
     p.last_used = state.time
+    _touch(state, ref[0])
     if p.status == PrefixStatus.RESIDENT:
         state.phase[ref] = Phase.RUNNING
         state.running[ref].started_at = state.time
@@ -320,6 +333,7 @@ def _preempt(state: State, ref: StageRef) -> None:
     release_stage(state, ref)
     state.phase[ref] = Phase.WAITING
     state.waiting[ref] = state.time
+    _touch(state, ref[0])
 
 
 def release_stage(state: State, ref: StageRef) -> RunInfo:
@@ -339,6 +353,7 @@ def release_task(state: State, info: TaskInfo) -> list[StageRef]:
     """Register a released task; its root stages become waiting. Returns them."""
     state.tasks[info.id] = info
     state.unfinished[info.id] = len(info.stages)
+    _touch(state, info.id)
     ready = []
     for sid in info.topo_order:
         ref = (info.id, sid)
@@ -366,6 +381,7 @@ def complete_stage(state: State, ref: StageRef, service_s: float) -> list[StageR
             state.waiting[cref] = state.time
             ready.append(cref)
     state.unfinished[ref[0]] -= 1
+    _touch(state, ref[0])
     if state.unfinished[ref[0]] == 0:
         _forget_task(state, task)
     return ready
@@ -374,6 +390,7 @@ def complete_stage(state: State, ref: StageRef, service_s: float) -> list[StageR
 def _forget_task(state: State, task: TaskInfo) -> None:
     del state.tasks[task.id]
     del state.unfinished[task.id]
+    del state.task_epoch[task.id]
     for sid in task.stages:
         state.phase.pop((task.id, sid), None)
         state.done_service.pop((task.id, sid), None)
@@ -390,6 +407,7 @@ def prefix_ready(state: State, agent: str) -> list[StageRef]:
             state.phase[ref] = Phase.RUNNING
             run.started_at = state.time
             started.append(ref)
+            _touch(state, ref[0])
     return started
 
 

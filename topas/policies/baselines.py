@@ -162,8 +162,12 @@ class KVFlow(Policy):
     horizon: int = 1
     name = "kvflow"
 
+    def reset(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().reset(ctx)
+        self._steps = StepsToExecution()
+
     def decide(self, state: State) -> Decision:
-        steps = self.steps_to_execution(state)
+        steps = self._steps.update(state)
         evict_order = self._order(state, steps)
         plan = admit_in_order(state, fcfs_order(state), evict_order)
         if self.prefetch:
@@ -174,29 +178,66 @@ class KVFlow(Policy):
         return plan.decision()
 
     def eviction_order(self, state: State) -> list[str]:
-        return self._order(state, self.steps_to_execution(state))
+        return self._order(state, self._steps.update(state))
 
     @staticmethod
-    def _order(state: State, steps: dict[str, float]) -> list[str]:
+    def _order(state: State, steps: dict[str, int]) -> list[str]:
         cands = state.evictable()  # LRU order; the stable sort keeps it among ties
         cands.sort(key=lambda a: -steps.get(a, math.inf))
         return cands
 
-    @staticmethod
-    def steps_to_execution(state: State) -> dict[str, float]:
-        best: dict[str, float] = {}
-        for tid, info in state.tasks.items():
-            dist: dict[str, int] = {}
-            for sid in info.topo_order:
-                phase = state.phase[(tid, sid)]
-                if phase == Phase.DONE:
-                    continue
-                s = info.stages[sid]
-                if phase != Phase.BLOCKED:
-                    d = 0
-                else:
-                    d = 1 + max((dist[x] for x in s.deps if x in dist), default=0)
-                dist[sid] = d
-                if d < best.get(s.agent, math.inf):
-                    best[s.agent] = d
-        return best
+
+class StepsToExecution:
+    """KVFlow's per-agent steps-to-execution, maintained incrementally per task.
+
+    A task's contribution is recomputed only when one of its stages changed phase
+    (``State.task_epoch``); per agent a histogram of distances over tasks gives the
+    minimum without scanning every task.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, dict[str, int]]] = {}
+        self._hist: dict[str, dict[int, int]] = {}
+
+    def update(self, state: State) -> dict[str, int]:
+        for tid in [t for t in self._seen if t not in state.task_epoch]:
+            self._account(self._seen.pop(tid)[1], -1)
+        for tid, epoch in state.task_epoch.items():
+            old = self._seen.get(tid)
+            if old is not None and old[0] == epoch:
+                continue
+            if old is not None:
+                self._account(old[1], -1)
+            dists = task_distances(state, tid)
+            self._seen[tid] = (epoch, dists)
+            self._account(dists, +1)
+        return {a: min(h) for a, h in self._hist.items() if h}
+
+    def _account(self, dists: dict[str, int], sign: int) -> None:
+        for agent, d in dists.items():
+            h = self._hist.setdefault(agent, {})
+            h[d] = h.get(d, 0) + sign
+            if h[d] == 0:
+                del h[d]
+
+
+def task_distances(state: State, tid: str) -> dict[str, int]:
+    """Per agent, the fewest dependency steps before one of its stages in ``tid`` runs.
+
+    0 for a stage that is ready or running, else one more than the largest value
+    among its unfinished deps.
+    """
+    info = state.tasks[tid]
+    dist: dict[str, int] = {}
+    best: dict[str, int] = {}
+    for sid in info.topo_order:
+        phase = state.phase[(tid, sid)]
+        if phase == Phase.DONE:
+            continue
+        s = info.stages[sid]
+        d = 0 if phase != Phase.BLOCKED else 1 + max(
+            (dist[x] for x in s.deps if x in dist), default=0)
+        dist[sid] = d
+        if d < best.get(s.agent, 1 << 30):
+            best[s.agent] = d
+    return best

@@ -98,7 +98,9 @@ class _Calls:
     def __post_init__(self) -> None:
         self.stages: list[Stage] = []
 
-    def add(self, sid: str, agent: str, kind: str, deps: tuple[str, ...] = (), extra_in=0.0) -> str:
+    def add(
+        self, sid: str, agent: str, kind: str, deps: tuple[str, ...] = (), extra_in: float = 0.0
+    ) -> str:
         in_mean, out_mean = self.table[kind]
         inp = draw_input(self.rng, in_mean + extra_in, self.sigma)
         out = draw_output(self.rng, out_mean, self.sigma)
@@ -130,7 +132,7 @@ def build_sop(rng: np.random.Generator, num_tasks: int, p: Mapping[str, Any]) ->
             ends.append(cur)
             last = cur
         if p["qa"]:
-            cur = c.add("qa_1", "qa", "qa", tuple(ends))
+            cur = c.add("qa_1", "qa", "qa", tuple(ends) if p["parallel_files"] else (last,))
             for k in range(1, p["max_fix_loops"] + 1):
                 if rng.random() >= p["fix_prob"]:
                     break

@@ -243,7 +243,8 @@ FANOUT = Workload(
 
 
 def build_mixed(rng: np.random.Generator, num_tasks: int, p: Mapping[str, Any]) -> Draft:
-    """Random layered DAGs: each non-root stage depends on >= 1 stage of the layer above."""
+    """Random layered DAGs: each non-root stage depends on >= 1 stage of the layer above,
+    and each stage outside the last layer has >= 1 child in the layer below."""
     _check_common(p)
     _check_range(p, "min_layers", "max_layers")
     _check_range(p, "min_width", "max_width")
@@ -264,23 +265,30 @@ def build_mixed(rng: np.random.Generator, num_tasks: int, p: Mapping[str, Any]) 
         while cap is not None and sum(widths) > cap:
             wide = [i for i, w in enumerate(widths) if w > 1]
             widths[wide[int(rng.integers(len(wide)))]] -= 1
-        layers: list[list[str]] = []
-        k = 0
+        # structure first: ids by layer, deps, then one child for every non-final stage
+        layers: list[list[int]] = []
+        deps: list[list[int]] = []
         for w in widths:
             layer = []
             for _ in range(w):
-                deps: list[str] = []
+                d: list[int] = []
                 if layers:
                     above = layers[-1]
-                    deps = [d for d in above if rng.random() < p["edge_prob"]]
-                    if not deps:
-                        deps = [above[int(rng.integers(len(above)))]]
+                    d = [v for v in above if rng.random() < p["edge_prob"]]
+                    if not d:
+                        d = [above[int(rng.integers(len(above)))]]
                     for earlier in layers[:-1]:
-                        deps += [d for d in earlier if rng.random() < p["skip_prob"]]
-                agent = profiles[int(rng.integers(n))]
-                layer.append(tb.add(f"s{k}", agent, deps))
-                k += 1
+                        d += [v for v in earlier if rng.random() < p["skip_prob"]]
+                layer.append(len(deps))
+                deps.append(d)
             layers.append(layer)
+        for upper, lower in zip(layers, layers[1:], strict=False):
+            for v in upper:
+                if not any(v in deps[u] for u in lower):
+                    deps[lower[int(rng.integers(len(lower)))]].append(v)
+        for v, d in enumerate(deps):
+            agent = profiles[int(rng.integers(n))]
+            tb.add(f"s{v}", agent, [f"s{u}" for u in sorted(d)])
         tasks.append(tuple(tb.stages))
     return Draft(tuple(pr.agent for pr in profiles), tuple(tasks))
 
@@ -291,7 +299,8 @@ MIXED = Workload(
         "Random layered DAGs: L layers (uniform in [min_layers, max_layers]) of random width "
         "(uniform in [min_width, max_width]); each stage of a layer depends on each stage of "
         "the layer above with probability edge_prob (at least one), and on each stage of "
-        "earlier layers with probability skip_prob; every stage calls a uniformly random agent."
+        "earlier layers with probability skip_prob; every stage outside the last layer feeds "
+        "at least one stage of the next layer; every stage calls a uniformly random agent."
     ),
     params={
         "num_agents": 6,
