@@ -20,8 +20,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def stage(sid: str, agent: str, inp: int, out: int, deps=(), pred: int | None = None) -> dict:
-    d: dict[str, Any] = {"id": sid, "agent": agent, "input_tokens": inp, "output_tokens": out,
-                         "deps": list(deps)}
+    d: dict[str, Any] = {
+        "id": sid,
+        "agent": agent,
+        "input_tokens": inp,
+        "output_tokens": out,
+        "deps": list(deps),
+    }
     if pred is not None:
         d["predicted_output_tokens"] = pred
     return d
@@ -31,26 +36,46 @@ def task(tid: str, arrival: float, *stages: dict) -> dict:
     return {"id": tid, "arrival": arrival, "stages": list(stages)}
 
 
-def make(agents: dict[str, int], tasks: list[dict], capacity: int, chunk: int = 10,
-         max_running: int | None = None, cost: dict | None = None,
-         load: dict | None = None, **server: Any) -> Instance:
+def make(
+    agents: dict[str, int],
+    tasks: list[dict],
+    capacity: int,
+    chunk: int = 10,
+    max_running: int | None = None,
+    cost: dict | None = None,
+    load: dict | None = None,
+    **server: Any,
+) -> Instance:
     """An instance from compact parts; the step model with step_s=1 unless ``cost`` says."""
-    srv: dict[str, Any] = {"kv_capacity_tokens": capacity, "chunk_tokens": chunk,
-                           "cost_model": cost or {"kind": "step", "step_s": 1.0}, **server}
+    srv: dict[str, Any] = {
+        "kv_capacity_tokens": capacity,
+        "chunk_tokens": chunk,
+        "cost_model": cost or {"kind": "step", "step_s": 1.0},
+        **server,
+    }
     if max_running is not None:
         srv["max_running"] = max_running
     if load is not None:
         srv["prefix_load"] = load
-    return Instance.from_dict({
-        "format": "topas-instance/1", "name": "test", "server": srv,
-        "agents": [{"id": a, "prefix_tokens": p} for a, p in agents.items()],
-        "tasks": tasks,
-    })
+    return Instance.from_dict(
+        {
+            "format": "topas-instance/1",
+            "name": "test",
+            "server": srv,
+            "agents": [{"id": a, "prefix_tokens": p} for a, p in agents.items()],
+            "tasks": tasks,
+        }
+    )
 
 
 @st.composite
-def random_instances(draw, max_tasks: int = 4, max_stages: int = 5, host: bool | None = None,
-                     predictions: bool = True) -> Instance:
+def random_instances(
+    draw,
+    max_tasks: int = 4,
+    max_stages: int = 5,
+    host: bool | None = None,
+    predictions: bool = True,
+) -> Instance:
     """Small random instances: random DAGs, tight KV budgets, random predictions."""
     n_agents = draw(st.integers(1, 3))
     chunk = draw(st.sampled_from([4, 8, 16]))
@@ -67,15 +92,34 @@ def random_instances(draw, max_tasks: int = 4, max_stages: int = 5, host: bool |
             pred = draw(st.one_of(st.none(), st.integers(1, 12))) if predictions else None
             stages.append(stage(f"s{k}", agent, inp, out, deps, pred))
             biggest = max(biggest, prefixes[agent] + inp + out)
-        arrival = draw(st.integers(0, 12)) if draw(st.booleans()) else draw(
-            st.floats(0, 12, allow_nan=False))
+        arrival = (
+            draw(st.integers(0, 12))
+            if draw(st.booleans())
+            else draw(st.floats(0, 12, allow_nan=False))
+        )
         tasks.append(task(f"t{j}", arrival, *stages))
     capacity = biggest + draw(st.integers(0, 80))
     use_host = draw(st.booleans()) if host is None else host
-    load = {"kind": "host", "tokens_per_s": draw(st.sampled_from([5.0, 20.0, 1000.0]))} \
-        if use_host else None
+    load = (
+        {"kind": "host", "tokens_per_s": draw(st.sampled_from([5.0, 20.0, 1000.0]))}
+        if use_host
+        else None
+    )
     max_running = draw(st.one_of(st.none(), st.integers(1, 3)))
-    cost = {"kind": "linear", "base_s": 1.0, "prefill_token_s": 0.01, "decode_seq_s": 0.05,
-            "kv_token_s": 0.001}
-    return make(prefixes, tasks, capacity, chunk=chunk, max_running=max_running, cost=cost,
-                load=load, mixed_chunk=draw(st.booleans()))
+    cost = {
+        "kind": "linear",
+        "base_s": 1.0,
+        "prefill_token_s": 0.01,
+        "decode_seq_s": 0.05,
+        "kv_token_s": 0.001,
+    }
+    return make(
+        prefixes,
+        tasks,
+        capacity,
+        chunk=chunk,
+        max_running=max_running,
+        cost=cost,
+        load=load,
+        mixed_chunk=draw(st.booleans()),
+    )

@@ -13,8 +13,13 @@ from topas.schedule import evaluate
 from topas.simulator import simulate
 from topas.timing import decode_iters_within, decode_span_s, iteration_s
 
-COST = {"kind": "linear", "base_s": 1.0, "prefill_token_s": 0.01, "decode_seq_s": 0.1,
-        "kv_token_s": 0.001}
+COST = {
+    "kind": "linear",
+    "base_s": 1.0,
+    "prefill_token_s": 0.01,
+    "decode_seq_s": 0.1,
+    "kv_token_s": 0.001,
+}
 
 
 def run(inst, spec="fcfs"):
@@ -32,8 +37,9 @@ def test_single_stage_by_hand():
     #  2 decode iterations of one sequence with context 100 + 21, then 122:
     #      (1 + 0.1 + 0.121) + (1 + 0.1 + 0.122) = 2.443
     # JCT = 1.64 + 1.724 + 2.443 = 5.807.
-    inst = make({"a": 100}, [task("t0", 0, stage("s", "a", 20, 3))], capacity=1000,
-                chunk=64, cost=COST)
+    inst = make(
+        {"a": 100}, [task("t0", 0, stage("s", "a", 20, 3))], capacity=1000, chunk=64, cost=COST
+    )
     sched, m = run(inst)
     assert m.jct["t0"] == pytest.approx(5.807)
     assert sched.iterations == 4
@@ -44,8 +50,9 @@ def test_single_stage_by_hand():
 
 
 def test_output_of_one_token_ends_at_the_prefill():
-    inst = make({"a": 10}, [task("t0", 0, stage("s", "a", 10, 1))], capacity=1000,
-                chunk=64, cost=COST)
+    inst = make(
+        {"a": 10}, [task("t0", 0, stage("s", "a", 10, 1))], capacity=1000, chunk=64, cost=COST
+    )
     _, m = run(inst)
     # one prefill iteration of 20 tokens, the input attends the 10 prefix tokens
     assert m.jct["t0"] == pytest.approx(1 + 0.01 * 20 + 0.001 * 10)
@@ -60,8 +67,13 @@ def test_shared_prefix_is_loaded_once_and_batched():
     #  s1 got its first token in iteration 1, but s2's prefill forces iteration 2 before
     #  decoding (prefill first). Both then decode 1 more token: one batch of 2 with
     #  contexts 61 + 61 (s1 has 2 tokens generated? no: 1) -> see assertions below.
-    inst = make({"a": 50}, [task("t0", 0, stage("s1", "a", 10, 2), stage("s2", "a", 10, 2))],
-                capacity=1000, chunk=64, cost=COST)
+    inst = make(
+        {"a": 50},
+        [task("t0", 0, stage("s1", "a", 10, 2), stage("s2", "a", 10, 2))],
+        capacity=1000,
+        chunk=64,
+        cost=COST,
+    )
     sched, m = run(inst)
     it1 = 1 + 0.01 * 64 + 0.001 * (50 + 50)
     it2 = 1 + 0.01 * 6 + 0.001 * (50 + 4)
@@ -95,9 +107,13 @@ def test_decode_iters_within_is_the_first_k_reaching_the_budget(budget):
 def test_arrival_during_a_decode_span_is_seen_at_the_next_boundary():
     # t0 decodes 50 tokens alone; t1 arrives at 10.0 s. Each decode iteration lasts
     # about 1.1 s, so t1 must be admitted at the first boundary >= 10.0, not at t0's end.
-    inst = make({"a": 10}, [task("t0", 0, stage("s", "a", 10, 50)),
-                            task("t1", 10.0, stage("s", "a", 10, 2))],
-                capacity=10_000, chunk=64, cost=COST)
+    inst = make(
+        {"a": 10},
+        [task("t0", 0, stage("s", "a", 10, 50)), task("t1", 10.0, stage("s", "a", 10, 2))],
+        capacity=10_000,
+        chunk=64,
+        cost=COST,
+    )
     sched, m = run(inst)
     admit = {r.task: r.admit for r in sched.runs}
     assert 10.0 <= admit["t1"] < 10.0 + 1.3
@@ -108,9 +124,16 @@ def test_underpredicted_outputs_are_retracted_and_resumed():
     # Two stages told 1 output token, really 30: admission reserves 10 + 1 each, so both
     # are admitted; decode memory then runs out and SGLang's order retracts one (fewest
     # decoded, then longest input); it later re-prefills input + generated and finishes.
-    inst = make({"a": 10}, [task("t0", 0, stage("s1", "a", 10, 30, pred=1)),
-                            task("t1", 0, stage("s2", "a", 12, 30, pred=1))],
-                capacity=10 + 40 + 42 - 20, chunk=64, cost=COST)
+    inst = make(
+        {"a": 10},
+        [
+            task("t0", 0, stage("s1", "a", 10, 30, pred=1)),
+            task("t1", 0, stage("s2", "a", 12, 30, pred=1)),
+        ],
+        capacity=10 + 40 + 42 - 20,
+        chunk=64,
+        cost=COST,
+    )
     sched, m = run(inst)
     assert sched.retractions >= 1
     assert m.preemptions == sched.retractions
@@ -123,9 +146,14 @@ def test_host_transfer_overlaps_compute():
     # transfer waits for a's and ends at 4.0, while t0's prefill iteration runs from 2.0
     # to 2.0 + 1 + 0.1 + 1.0 = 4.1 (10 tokens attending 1000); the scheduler sees the
     # transfer at that iteration boundary, so t1 starts at 4.1.
-    inst = make({"a": 1000, "b": 1000},
-                [task("t0", 0, stage("s", "a", 10, 1)), task("t1", 0, stage("s", "b", 10, 1))],
-                capacity=5000, chunk=64, cost=COST, load={"kind": "host", "tokens_per_s": 500})
+    inst = make(
+        {"a": 1000, "b": 1000},
+        [task("t0", 0, stage("s", "a", 10, 1)), task("t1", 0, stage("s", "b", 10, 1))],
+        capacity=5000,
+        chunk=64,
+        cost=COST,
+        load={"kind": "host", "tokens_per_s": 500},
+    )
     sched, m = run(inst)
     start = {r.task: r.start for r in sched.runs}
     assert start == {"t0": pytest.approx(2.0), "t1": pytest.approx(4.1)}

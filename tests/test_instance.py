@@ -64,20 +64,35 @@ def base_doc() -> dict[str, Any]:
                 "arrival": 0.0,
                 "workflow": "demo",
                 "stages": [
-                    {"id": "s1", "agent": "pm", "input_tokens": 10, "output_tokens": 5,
-                     "deps": []},
-                    {"id": "s2", "agent": "eng", "input_tokens": 20, "output_tokens": 8,
-                     "deps": ["s1"], "predicted_output_tokens": 6},
-                    {"id": "s3", "agent": "pm", "input_tokens": 5, "output_tokens": 3,
-                     "deps": ["s1", "s2"]},
+                    {"id": "s1", "agent": "pm", "input_tokens": 10, "output_tokens": 5, "deps": []},
+                    {
+                        "id": "s2",
+                        "agent": "eng",
+                        "input_tokens": 20,
+                        "output_tokens": 8,
+                        "deps": ["s1"],
+                        "predicted_output_tokens": 6,
+                    },
+                    {
+                        "id": "s3",
+                        "agent": "pm",
+                        "input_tokens": 5,
+                        "output_tokens": 3,
+                        "deps": ["s1", "s2"],
+                    },
                 ],
             },
             {
                 "id": "t2",
                 "arrival": 2.5,
                 "stages": [
-                    {"id": "s1", "agent": "eng", "input_tokens": 30, "output_tokens": 4,
-                     "deps": []},
+                    {
+                        "id": "s1",
+                        "agent": "eng",
+                        "input_tokens": 30,
+                        "output_tokens": 4,
+                        "deps": [],
+                    },
                 ],
             },
         ],
@@ -92,8 +107,13 @@ def linear_host_doc() -> dict[str, Any]:
         "server": {
             "kv_capacity_tokens": 80000,
             "chunk_tokens": 2048,
-            "cost_model": {"kind": "linear", "base_s": 0.0048, "prefill_token_s": 2.5e-05,
-                           "decode_seq_s": 2e-05, "kv_token_s": 3.9e-08},
+            "cost_model": {
+                "kind": "linear",
+                "base_s": 0.0048,
+                "prefill_token_s": 2.5e-05,
+                "decode_seq_s": 2e-05,
+                "kv_token_s": 3.9e-08,
+            },
             "prefix_load": {"kind": "host", "tokens_per_s": 200000},
             "mixed_chunk": True,
         },
@@ -108,32 +128,64 @@ def linear_host_doc() -> dict[str, Any]:
                 "arrival": 0,
                 "workflow": "metagpt-sop",
                 "stages": [
-                    {"id": "prd", "agent": "pm", "input_tokens": 800, "output_tokens": 600,
-                     "deps": [], "predicted_output_tokens": 550},
-                    {"id": "design", "agent": "arch", "input_tokens": 1400,
-                     "output_tokens": 900, "deps": ["prd"], "predicted_output_tokens": 1000},
-                    {"id": "test", "agent": "qa", "input_tokens": 2300, "output_tokens": 700,
-                     "deps": ["design"]},
+                    {
+                        "id": "prd",
+                        "agent": "pm",
+                        "input_tokens": 800,
+                        "output_tokens": 600,
+                        "deps": [],
+                        "predicted_output_tokens": 550,
+                    },
+                    {
+                        "id": "design",
+                        "agent": "arch",
+                        "input_tokens": 1400,
+                        "output_tokens": 900,
+                        "deps": ["prd"],
+                        "predicted_output_tokens": 1000,
+                    },
+                    {
+                        "id": "test",
+                        "agent": "qa",
+                        "input_tokens": 2300,
+                        "output_tokens": 700,
+                        "deps": ["design"],
+                    },
                 ],
             },
             {
                 "id": "t1",
                 "arrival": 3,
                 "stages": [
-                    {"id": "prd", "agent": "pm", "input_tokens": 700, "output_tokens": 500,
-                     "deps": []},
-                    {"id": "review", "agent": "qa", "input_tokens": 1200, "output_tokens": 300,
-                     "deps": []},
-                    {"id": "final", "agent": "arch", "input_tokens": 100, "output_tokens": 50,
-                     "deps": ["review", "prd"], "predicted_output_tokens": 1},
+                    {
+                        "id": "prd",
+                        "agent": "pm",
+                        "input_tokens": 700,
+                        "output_tokens": 500,
+                        "deps": [],
+                    },
+                    {
+                        "id": "review",
+                        "agent": "qa",
+                        "input_tokens": 1200,
+                        "output_tokens": 300,
+                        "deps": [],
+                    },
+                    {
+                        "id": "final",
+                        "agent": "arch",
+                        "input_tokens": 100,
+                        "output_tokens": 50,
+                        "deps": ["review", "prd"],
+                        "predicted_output_tokens": 1,
+                    },
                 ],
             },
             {
                 "id": "t2",
                 "arrival": 7.25,
                 "stages": [
-                    {"id": "prd", "agent": "pm", "input_tokens": 1, "output_tokens": 1,
-                     "deps": []},
+                    {"id": "prd", "agent": "pm", "input_tokens": 1, "output_tokens": 1, "deps": []},
                 ],
             },
         ],
@@ -152,10 +204,19 @@ def default_server_doc() -> dict[str, Any]:
         },
         "agents": [{"id": "solo", "prefix_tokens": 1}],
         "tasks": [
-            {"id": "only", "arrival": 0.125, "stages": [
-                {"id": "x", "agent": "solo", "input_tokens": 1, "output_tokens": 498,
-                 "deps": []},
-            ]},
+            {
+                "id": "only",
+                "arrival": 0.125,
+                "stages": [
+                    {
+                        "id": "x",
+                        "agent": "solo",
+                        "input_tokens": 1,
+                        "output_tokens": 498,
+                        "deps": [],
+                    },
+                ],
+            },
         ],
     }
 
@@ -174,15 +235,36 @@ def step_host_doc() -> dict[str, Any]:
         },
         "agents": [{"id": "a", "prefix_tokens": 16}, {"id": "b", "prefix_tokens": 32}],
         "tasks": [
-            {"id": "j", "arrival": 1, "workflow": "fanout", "stages": [
-                {"id": "root", "agent": "a", "input_tokens": 4, "output_tokens": 4, "deps": []},
-                {"id": "l", "agent": "b", "input_tokens": 8, "output_tokens": 24,
-                 "deps": ["root"], "predicted_output_tokens": 20},
-                {"id": "r", "agent": "b", "input_tokens": 8, "output_tokens": 2,
-                 "deps": ["root"]},
-                {"id": "join", "agent": "a", "input_tokens": 16, "output_tokens": 1,
-                 "deps": ["l", "r"]},
-            ]},
+            {
+                "id": "j",
+                "arrival": 1,
+                "workflow": "fanout",
+                "stages": [
+                    {"id": "root", "agent": "a", "input_tokens": 4, "output_tokens": 4, "deps": []},
+                    {
+                        "id": "l",
+                        "agent": "b",
+                        "input_tokens": 8,
+                        "output_tokens": 24,
+                        "deps": ["root"],
+                        "predicted_output_tokens": 20,
+                    },
+                    {
+                        "id": "r",
+                        "agent": "b",
+                        "input_tokens": 8,
+                        "output_tokens": 2,
+                        "deps": ["root"],
+                    },
+                    {
+                        "id": "join",
+                        "agent": "a",
+                        "input_tokens": 16,
+                        "output_tokens": 1,
+                        "deps": ["l", "r"],
+                    },
+                ],
+            },
         ],
     }
 
@@ -290,18 +372,25 @@ def test_same_stage_id_in_two_tasks_is_fine() -> None:
 
 
 def test_unknown_agent() -> None:
-    expect_error(_mutated(("tasks", 0, "stages", 1, "agent"), "qa"),
-                 "tasks[t1].stages[s2].agent", "'qa'")
+    expect_error(
+        _mutated(("tasks", 0, "stages", 1, "agent"), "qa"), "tasks[t1].stages[s2].agent", "'qa'"
+    )
 
 
 def test_unknown_agent_in_second_task() -> None:
-    expect_error(_mutated(("tasks", 1, "stages", 0, "agent"), "ghost"),
-                 "tasks[t2].stages[s1].agent", "'ghost'")
+    expect_error(
+        _mutated(("tasks", 1, "stages", 0, "agent"), "ghost"),
+        "tasks[t2].stages[s1].agent",
+        "'ghost'",
+    )
 
 
 def test_dangling_dep() -> None:
-    expect_error(_mutated(("tasks", 0, "stages", 1, "deps"), ["s1", "s9"]),
-                 "tasks[t1].stages[s2].deps", "'s9'")
+    expect_error(
+        _mutated(("tasks", 0, "stages", 1, "deps"), ["s1", "s9"]),
+        "tasks[t1].stages[s2].deps",
+        "'s9'",
+    )
 
 
 def test_dep_on_a_stage_of_another_task_is_dangling() -> None:
@@ -312,10 +401,12 @@ def test_dep_on_a_stage_of_another_task_is_dangling() -> None:
 
 
 def test_self_dep() -> None:
-    msg = expect_error(_mutated(("tasks", 0, "stages", 1, "deps"), ["s2"]),
-                       "tasks[t1].stages", "cycle", "s2")
-    assert "s1" not in msg.split("cycle", 1)[1]
-    assert "s3" not in msg.split("cycle", 1)[1]
+    msg = expect_error(
+        _mutated(("tasks", 0, "stages", 1, "deps"), ["s2"]),
+        "tasks[t1].stages[s2].deps",
+        "depends on itself",
+    )
+    assert "s1" not in msg and "s3" not in msg
 
 
 def test_three_cycle_is_named() -> None:
@@ -345,12 +436,18 @@ BAD_COUNTS = [0, -1, 2.5, "10", True, None, 10.0]
 
 TOKEN_FIELDS = {
     "prefix_tokens": (("agents", 1, "prefix_tokens"), "agents[eng].prefix_tokens"),
-    "input_tokens": (("tasks", 0, "stages", 1, "input_tokens"),
-                     "tasks[t1].stages[s2].input_tokens"),
-    "output_tokens": (("tasks", 0, "stages", 1, "output_tokens"),
-                      "tasks[t1].stages[s2].output_tokens"),
-    "predicted_output_tokens": (("tasks", 0, "stages", 1, "predicted_output_tokens"),
-                                "tasks[t1].stages[s2].predicted_output_tokens"),
+    "input_tokens": (
+        ("tasks", 0, "stages", 1, "input_tokens"),
+        "tasks[t1].stages[s2].input_tokens",
+    ),
+    "output_tokens": (
+        ("tasks", 0, "stages", 1, "output_tokens"),
+        "tasks[t1].stages[s2].output_tokens",
+    ),
+    "predicted_output_tokens": (
+        ("tasks", 0, "stages", 1, "predicted_output_tokens"),
+        "tasks[t1].stages[s2].predicted_output_tokens",
+    ),
     "kv_capacity_tokens": (("server", "kv_capacity_tokens"), "server.kv_capacity_tokens"),
     "chunk_tokens": (("server", "chunk_tokens"), "server.chunk_tokens"),
 }
@@ -368,8 +465,11 @@ def test_bad_token_count(field_name: str, value: Any) -> None:
 
 
 def test_bad_token_count_in_second_task_names_that_task() -> None:
-    expect_error(_mutated(("tasks", 1, "stages", 0, "output_tokens"), -5),
-                 "tasks[t2].stages[s1].output_tokens", "-5")
+    expect_error(
+        _mutated(("tasks", 1, "stages", 0, "output_tokens"), -5),
+        "tasks[t2].stages[s1].output_tokens",
+        "-5",
+    )
 
 
 def test_bad_prefix_tokens_of_first_agent() -> None:
@@ -380,7 +480,8 @@ def test_bad_prefix_tokens_of_first_agent() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [float("nan"), float("inf"), float("-inf"), -1, -0.5, "0", "1.5", True, None, [0]],
+    "value",
+    [float("nan"), float("inf"), float("-inf"), -1, -0.5, "0", "1.5", True, None, [0]],
     ids=repr,
 )
 def test_bad_arrival(value: Any) -> None:
@@ -400,8 +501,9 @@ def test_nan_arrival_literal_in_a_file(tmp_path: Path) -> None:
 
 
 def test_infinity_literal_for_kv_capacity_in_a_file(tmp_path: Path) -> None:
-    text = json.dumps(base_doc(), indent=1).replace('"kv_capacity_tokens": 1000',
-                                                    '"kv_capacity_tokens": Infinity')
+    text = json.dumps(base_doc(), indent=1).replace(
+        '"kv_capacity_tokens": 1000', '"kv_capacity_tokens": Infinity'
+    )
     path = tmp_path / "inf.json"
     path.write_text(text)
     with pytest.raises(InstanceError, match=r"server\.kv_capacity_tokens"):
@@ -412,8 +514,13 @@ def test_infinity_literal_for_kv_capacity_in_a_file(tmp_path: Path) -> None:
 
 
 def test_prefix_that_cannot_fit() -> None:
-    expect_error(_mutated(("agents", 1, "prefix_tokens"), 1001),
-                 "agents[eng].prefix_tokens", "1001", "server.kv_capacity_tokens", "1000")
+    expect_error(
+        _mutated(("agents", 1, "prefix_tokens"), 1001),
+        "agents[eng].prefix_tokens",
+        "1001",
+        "server.kv_capacity_tokens",
+        "1000",
+    )
 
 
 def test_stage_that_cannot_fit() -> None:
@@ -454,40 +561,54 @@ def test_bad_mixed_chunk() -> None:
 
 @pytest.mark.parametrize("kind", ["quadratic", "", None, 3])
 def test_unknown_cost_model_kind(kind: Any) -> None:
-    expect_error(_mutated(("server", "cost_model"), {"kind": kind}),
-                 "server.cost_model.kind", repr(kind))
+    expect_error(
+        _mutated(("server", "cost_model"), {"kind": kind}), "server.cost_model.kind", repr(kind)
+    )
 
 
 def test_cost_model_missing_kind() -> None:
-    expect_error(_mutated(("server", "cost_model"), {"step_s": 1.0}),
-                 "server.cost_model.kind", "None")
+    expect_error(
+        _mutated(("server", "cost_model"), {"step_s": 1.0}), "server.cost_model.kind", "None"
+    )
 
 
 def test_cost_model_not_an_object() -> None:
     expect_error(_mutated(("server", "cost_model"), "step"), "server.cost_model")
 
 
-LINEAR = {"kind": "linear", "base_s": 0.0048, "prefill_token_s": 2.5e-5,
-          "decode_seq_s": 2.0e-5, "kv_token_s": 3.9e-8}
+LINEAR = {
+    "kind": "linear",
+    "base_s": 0.0048,
+    "prefill_token_s": 2.5e-5,
+    "decode_seq_s": 2.0e-5,
+    "kv_token_s": 3.9e-8,
+}
 
 
 @pytest.mark.parametrize("param", ["base_s", "prefill_token_s", "decode_seq_s", "kv_token_s"])
 def test_linear_cost_model_missing_parameter(param: str) -> None:
     model = {k: v for k, v in LINEAR.items() if k != param}
-    expect_error(_mutated(("server", "cost_model"), model), f"server.cost_model.{param}",
-                 "missing")
+    expect_error(_mutated(("server", "cost_model"), model), f"server.cost_model.{param}", "missing")
 
 
 @pytest.mark.parametrize(
     "param,value",
-    [("base_s", 0), ("base_s", -1.0), ("prefill_token_s", -1e-9), ("decode_seq_s", "0"),
-     ("kv_token_s", float("nan")), ("base_s", float("inf")), ("kv_token_s", True)],
+    [
+        ("base_s", 0),
+        ("base_s", -1.0),
+        ("prefill_token_s", -1e-9),
+        ("decode_seq_s", "0"),
+        ("kv_token_s", float("nan")),
+        ("base_s", float("inf")),
+        ("kv_token_s", True),
+    ],
     ids=repr,
 )
 def test_linear_cost_model_bad_parameter(param: str, value: Any) -> None:
     model = dict(LINEAR, **{param: value})
-    expect_error(_mutated(("server", "cost_model"), model), f"server.cost_model.{param}",
-                 repr(value))
+    expect_error(
+        _mutated(("server", "cost_model"), model), f"server.cost_model.{param}", repr(value)
+    )
 
 
 def test_linear_cost_model_zero_marginal_terms_allowed() -> None:
@@ -496,11 +617,15 @@ def test_linear_cost_model_zero_marginal_terms_allowed() -> None:
     assert inst.server.cost_model == LinearCost(0.0048, 0, 0.0, 0)
 
 
-@pytest.mark.parametrize("value", [0, 0.0, -1, "1", float("nan"), float("inf"), None, True],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "value", [0, 0.0, -1, "1", float("nan"), float("inf"), None, True], ids=repr
+)
 def test_step_cost_model_bad_step(value: Any) -> None:
-    expect_error(_mutated(("server", "cost_model"), {"kind": "step", "step_s": value}),
-                 "server.cost_model.step_s", repr(value))
+    expect_error(
+        _mutated(("server", "cost_model"), {"kind": "step", "step_s": value}),
+        "server.cost_model.step_s",
+        repr(value),
+    )
 
 
 def test_step_cost_model_default_step() -> None:
@@ -510,8 +635,9 @@ def test_step_cost_model_default_step() -> None:
 
 @pytest.mark.parametrize("kind", ["disk", "", None])
 def test_unknown_prefix_load_kind(kind: Any) -> None:
-    expect_error(_mutated(("server", "prefix_load"), {"kind": kind}),
-                 "server.prefix_load.kind", repr(kind))
+    expect_error(
+        _mutated(("server", "prefix_load"), {"kind": kind}), "server.prefix_load.kind", repr(kind)
+    )
 
 
 def test_prefix_load_not_an_object() -> None:
@@ -519,14 +645,20 @@ def test_prefix_load_not_an_object() -> None:
 
 
 def test_host_prefix_load_missing_rate() -> None:
-    expect_error(_mutated(("server", "prefix_load"), {"kind": "host"}),
-                 "server.prefix_load.tokens_per_s", "missing")
+    expect_error(
+        _mutated(("server", "prefix_load"), {"kind": "host"}),
+        "server.prefix_load.tokens_per_s",
+        "missing",
+    )
 
 
 @pytest.mark.parametrize("value", [0, -5, "100", float("nan"), None], ids=repr)
 def test_host_prefix_load_bad_rate(value: Any) -> None:
-    expect_error(_mutated(("server", "prefix_load"), {"kind": "host", "tokens_per_s": value}),
-                 "server.prefix_load.tokens_per_s", repr(value))
+    expect_error(
+        _mutated(("server", "prefix_load"), {"kind": "host", "tokens_per_s": value}),
+        "server.prefix_load.tokens_per_s",
+        repr(value),
+    )
 
 
 # --------------------------------------------------------------------------- structure
@@ -595,8 +727,9 @@ def test_bad_task_id(value: Any) -> None:
 
 @pytest.mark.parametrize("value", ["", 3])
 def test_bad_stage_id(value: Any) -> None:
-    expect_error(_mutated(("tasks", 0, "stages", 0, "id"), value), "tasks[t1].stages",
-                 ".id", repr(value))
+    expect_error(
+        _mutated(("tasks", 0, "stages", 0, "id"), value), "tasks[t1].stages", ".id", repr(value)
+    )
 
 
 # --------------------------------------------------------------------------- direct construction
@@ -692,12 +825,6 @@ def test_load_unknown_format_names_file(tmp_path: Path) -> None:
     assert "'topas-result/1'" in _load_error(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="instance.py load_instance: read_text() is outside any UnicodeDecodeError "
-    "handling (and uses the locale encoding), so a non-UTF-8 file raises a bare "
-    "UnicodeDecodeError that names no file",
-)
 def test_load_non_utf8_file_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "latin1.json"
     path.write_bytes(json.dumps(base_doc()).replace("base", "caf\u00e9").encode("latin-1"))
@@ -712,10 +839,16 @@ def minimal_doc() -> dict[str, Any]:
         "format": FORMAT,
         "server": {"kv_capacity_tokens": 100, "chunk_tokens": 16},
         "agents": [{"id": "a", "prefix_tokens": 10}],
-        "tasks": [{"id": "t", "arrival": 3, "stages": [
-            {"id": "s", "agent": "a", "input_tokens": 5, "output_tokens": 7},
-            {"id": "u", "agent": "a", "input_tokens": 5, "output_tokens": 7, "deps": ["s"]},
-        ]}],
+        "tasks": [
+            {
+                "id": "t",
+                "arrival": 3,
+                "stages": [
+                    {"id": "s", "agent": "a", "input_tokens": 5, "output_tokens": 7},
+                    {"id": "u", "agent": "a", "input_tokens": 5, "output_tokens": 7, "deps": ["s"]},
+                ],
+            }
+        ],
     }
 
 
@@ -745,8 +878,11 @@ def test_prediction_is_what_policies_see() -> None:
 def test_defaults_are_written_out_canonically() -> None:
     out = Instance.from_dict(minimal_doc()).to_dict()
     assert out["name"] == "instance"
-    assert out["server"] == {"kv_capacity_tokens": 100, "chunk_tokens": 16,
-                             "prefix_load": {"kind": "recompute"}}
+    assert out["server"] == {
+        "kv_capacity_tokens": 100,
+        "chunk_tokens": 16,
+        "prefix_load": {"kind": "recompute"},
+    }
     assert out["tasks"][0]["stages"][0]["deps"] == []
     assert "predicted_output_tokens" not in out["tasks"][0]["stages"][0]
     assert "workflow" not in out["tasks"][0]
@@ -899,8 +1035,10 @@ def test_content_hash_changes_with_every_token_count(name: str) -> None:
 def test_content_hash_changes_with_structure() -> None:
     base_hash = Instance.from_dict(base_doc()).content_hash
     assert Instance.from_dict(_mutated(("tasks", 1, "arrival"), 2.75)).content_hash != base_hash
-    assert Instance.from_dict(_mutated(("tasks", 0, "stages", 2, "deps"), ["s2"])
-                              ).content_hash != base_hash
+    assert (
+        Instance.from_dict(_mutated(("tasks", 0, "stages", 2, "deps"), ["s2"])).content_hash
+        != base_hash
+    )
     assert Instance.from_dict(_mutated(("server", "max_running"), 5)).content_hash != base_hash
 
 
@@ -923,8 +1061,11 @@ def instance_docs(draw: st.DrawFn) -> dict[str, Any]:
         stages = []
         for k, sid in enumerate(stage_ids):
             # deps only on earlier stages: a DAG; the listing order is then shuffled.
-            deps = draw(st.lists(st.sampled_from(stage_ids[:k]), unique=True, max_size=k)
-                        if k else st.just([]))
+            deps = draw(
+                st.lists(st.sampled_from(stage_ids[:k]), unique=True, max_size=k)
+                if k
+                else st.just([])
+            )
             agent = draw(st.sampled_from(agent_ids))
             stage: dict[str, Any] = {
                 "id": sid,
@@ -978,7 +1119,7 @@ def instance_docs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance_docs())
 def test_random_instances_round_trip(doc: dict[str, Any]) -> None:
     inst = Instance.from_dict(copy.deepcopy(doc))
@@ -996,10 +1137,9 @@ def test_random_instances_round_trip(doc: dict[str, Any]) -> None:
         assert all(pos[d] < pos[s.id] for s in task.stages for d in s.deps)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance_docs(), st.data())
-def test_random_instances_reject_a_dangling_dep(doc: dict[str, Any], data: st.DataObject
-                                               ) -> None:
+def test_random_instances_reject_a_dangling_dep(doc: dict[str, Any], data: st.DataObject) -> None:
     t = data.draw(st.integers(0, len(doc["tasks"]) - 1))
     task = doc["tasks"][t]
     s = data.draw(st.integers(0, len(task["stages"]) - 1))
@@ -1016,8 +1156,9 @@ def inst() -> Instance:
     return Instance.from_dict(base_doc())
 
 
-def test_save_is_atomic_when_to_json_fails(tmp_path: Path, inst: Instance,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_is_atomic_when_to_json_fails(
+    tmp_path: Path, inst: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(self: Instance) -> str:
         raise RuntimeError("serialisation failed")
 
@@ -1027,8 +1168,9 @@ def test_save_is_atomic_when_to_json_fails(tmp_path: Path, inst: Instance,
     assert os.listdir(tmp_path) == []
 
 
-def test_save_is_atomic_when_json_dumps_fails(tmp_path: Path, inst: Instance,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_is_atomic_when_json_dumps_fails(
+    tmp_path: Path, inst: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(*args: Any, **kwargs: Any) -> str:
         raise TypeError("not serialisable")
 
@@ -1057,13 +1199,15 @@ class _HalfWriter:
         raise OSError(28, "No space left on device")
 
 
-def test_save_is_atomic_when_the_write_fails_midway(tmp_path: Path, inst: Instance,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_is_atomic_when_the_write_fails_midway(
+    tmp_path: Path, inst: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "out.json"
     target.write_text("previous contents\n")
     real_fdopen = os.fdopen
-    monkeypatch.setattr(instance_mod.os, "fdopen",
-                        lambda fd, *a, **k: _HalfWriter(real_fdopen(fd, *a, **k)))
+    monkeypatch.setattr(
+        instance_mod.os, "fdopen", lambda fd, *a, **k: _HalfWriter(real_fdopen(fd, *a, **k))
+    )
     with pytest.raises(OSError):
         save_instance(inst, target)
     monkeypatch.undo()
@@ -1071,8 +1215,9 @@ def test_save_is_atomic_when_the_write_fails_midway(tmp_path: Path, inst: Instan
     assert target.read_text() == "previous contents\n"
 
 
-def test_save_is_atomic_when_the_rename_fails(tmp_path: Path, inst: Instance,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_is_atomic_when_the_rename_fails(
+    tmp_path: Path, inst: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(src: Any, dst: Any) -> None:
         assert Path(src).exists()  # the temporary file was written
         raise OSError(18, "Invalid cross-device link")
@@ -1084,8 +1229,9 @@ def test_save_is_atomic_when_the_rename_fails(tmp_path: Path, inst: Instance,
     assert os.listdir(tmp_path) == []
 
 
-def test_save_is_atomic_on_keyboard_interrupt(tmp_path: Path, inst: Instance,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_is_atomic_on_keyboard_interrupt(
+    tmp_path: Path, inst: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(src: Any, dst: Any) -> None:
         raise KeyboardInterrupt
 
@@ -1096,12 +1242,6 @@ def test_save_is_atomic_on_keyboard_interrupt(tmp_path: Path, inst: Instance,
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="instance.py write_text_atomic: tempfile.mkstemp creates the file with mode "
-    "0600 and os.replace keeps it, so instance and result files ignore the umask "
-    "(0644 expected with umask 022)",
-)
 def test_saved_file_honours_the_umask(tmp_path: Path, inst: Instance) -> None:
     old = os.umask(0o022)
     try:
@@ -1109,4 +1249,3 @@ def test_saved_file_honours_the_umask(tmp_path: Path, inst: Instance) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "out.json").stat().st_mode & 0o777 == 0o644
-

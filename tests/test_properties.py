@@ -33,8 +33,9 @@ def check_schedule(inst, sched) -> None:
         for dep in task.stage_by_id[r.stage].deps:
             assert done[(r.task, dep)].end <= r.start + TOL, "stage started before its dep"
         ivs = [p for p in sched.prefixes if p.agent == r.agent]
-        assert any(p.resident_from <= r.start + TOL and r.end <= p.end + TOL for p in ivs), \
+        assert any(p.resident_from <= r.start + TOL and r.end <= p.end + TOL for p in ivs), (
             "stage ran without its prefix resident"
+        )
     assert sched.peak_kv_tokens <= inst.server.kv_capacity_tokens
 
 
@@ -52,7 +53,8 @@ def test_step_invariants(spec, inst):
         for sid in t.topo_order:
             s = t.stage_by_id[sid]
             longest[sid] = st.stage_steps(s.input_tokens, s.output_tokens) + max(
-                (longest[d] for d in s.deps), default=0)
+                (longest[d] for d in s.deps), default=0
+            )
         assert m.jct[t.id] >= max(longest.values()) * st.step_s - TOL
 
 

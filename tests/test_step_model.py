@@ -35,8 +35,12 @@ def test_single_stage(spec):
 def test_release_rounds_up(spec):
     # step_s = 2, arrival 3.0 -> release step ceil(1.5) = 2 (4.0 s). l = 1, d = 1 + 1 = 2:
     # admitted at step 2, resident at 3, ends at 5. JCT = (5 - 2) steps = 6.0 s.
-    inst = make({"a": 10}, [task("t0", 3.0, stage("s", "a", 5, 1))], capacity=100,
-                cost={"kind": "step", "step_s": 2.0})
+    inst = make(
+        {"a": 10},
+        [task("t0", 3.0, stage("s", "a", 5, 1))],
+        capacity=100,
+        cost={"kind": "step", "step_s": 2.0},
+    )
     m = run(inst, spec)
     assert m.jct == {"t0": 6.0}
     assert m.objective_steps == 3
@@ -140,8 +144,13 @@ def test_one_slot_cpf_takes_the_longest_path():
 ATTAINED = dict(
     agents={"a": 10},
     tasks=[
-        task("t0", 0, stage("z1", "a", 5, 3), stage("z2", "a", 5, 1, deps=["z1"]),
-             stage("z3", "a", 5, 1, deps=["z1"])),
+        task(
+            "t0",
+            0,
+            stage("z1", "a", 5, 3),
+            stage("z2", "a", 5, 1, deps=["z1"]),
+            stage("z3", "a", 5, 1, deps=["z1"]),
+        ),
         task("t1", 6, stage("v", "a", 5, 1)),
     ],
     capacity=1000,
@@ -164,8 +173,12 @@ def test_attained_atlas():
 def test_host_load_steps():
     # Host load at 10 tokens/s with step_s = 1: l = max(1, ceil(25/10)) = 3 (0..2);
     # the stage (d = 1 + 2 = 3) runs 3..5, ends 6.
-    inst = make({"a": 25}, [task("t0", 0, stage("s", "a", 5, 2))], capacity=100,
-                load={"kind": "host", "tokens_per_s": 10.0})
+    inst = make(
+        {"a": 25},
+        [task("t0", 0, stage("s", "a", 5, 2))],
+        capacity=100,
+        load={"kind": "host", "tokens_per_s": 10.0},
+    )
     assert run(inst, "fcfs").jct == {"t0": 6.0}
 
 

@@ -102,9 +102,7 @@ def test_chain_is_a_path_with_cyclic_agents():
 def test_chain_random_agent_order():
     inst = generate("chain", num_tasks=40, seed=3, agent_order="random", num_agents=5)
     assert len(inst.agents) == 5
-    cyclic = all(
-        s.agent == f"agent{i % 5}" for t in inst.tasks for i, s in enumerate(t.stages)
-    )
+    cyclic = all(s.agent == f"agent{i % 5}" for t in inst.tasks for i, s in enumerate(t.stages))
     assert not cyclic
 
 
@@ -143,7 +141,7 @@ def test_mixed_every_non_root_has_a_dep_in_the_layer_above():
         assert nx.is_directed_acyclic_graph(g)
         roots = [s for s in t.stages if not s.deps]
         assert roots and roots == list(t.stages[: len(roots)])  # the first layer
-        for s in t.stages[len(roots):]:
+        for s in t.stages[len(roots) :]:
             assert s.deps
         # longest path has at most max_layers stages; sinks are in the last layer
         assert nx.dag_longest_path_length(g) + 1 <= 5
@@ -227,9 +225,7 @@ def test_metagpt_sop_matches_the_paper_totals():
     )
     assert abs(completion - PAPER_COMPLETION_TOKENS) <= 0.25 * PAPER_COMPLETION_TOKENS
     assert 0.5 * PAPER_PROMPT_TOKENS <= prompt <= 2.0 * PAPER_PROMPT_TOKENS
-    files = statistics.mean(
-        sum(s.id.startswith("code_f") for s in t.stages) for t in inst.tasks
-    )
+    files = statistics.mean(sum(s.id.startswith("code_f") for s in t.stages) for t in inst.tasks)
     assert abs(files - 4.7) < 0.6
     expected = expected_sop_tokens()
     assert abs(expected["completion"] - PAPER_COMPLETION_TOKENS) < 0.05 * PAPER_COMPLETION_TOKENS
@@ -243,9 +239,7 @@ def test_prediction_sigma():
     plain = generate("chain", num_tasks=20, seed=11)
     assert all(s.predicted_output_tokens is None for t in plain.tasks for s in t.stages)
     noisy = generate("chain", num_tasks=20, seed=11, prediction_sigma=0.5)
-    pairs = [
-        (s.output_tokens, s.predicted_output_tokens) for t in noisy.tasks for s in t.stages
-    ]
+    pairs = [(s.output_tokens, s.predicted_output_tokens) for t in noisy.tasks for s in t.stages]
     assert all(p is not None and p >= 1 for _, p in pairs)
     assert sum(o != p for o, p in pairs) > len(pairs) // 2
     # the truth and the arrivals do not move
@@ -302,9 +296,7 @@ def test_server_overrides():
 def test_task_demand_by_hand():
     # One agent (prefix 1000), two stages: (input 500, output 100) and (input 300, output 300).
     agents = {"a": Agent("a", 1000)}
-    task = Task(
-        "t0", 0.0, (Stage("x", "a", 500, 100), Stage("y", "a", 300, 300, deps=("x",)))
-    )
+    task = Task("t0", 0.0, (Stage("x", "a", 500, 100), Stage("y", "a", 300, 300, deps=("x",))))
     cost = LinearCost(base_s=0.01, prefill_token_s=1e-4, decode_seq_s=1e-3, kv_token_s=1e-6)
     server = ServerSpec(kv_capacity_tokens=2400, chunk_tokens=256, cost_model=cost)
     # mean per-sequence KV = (600 + 600)/2 = 600 -> b = floor(2400/600) = 4

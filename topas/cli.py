@@ -37,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, InstanceError, PolicySpecError, SimulationError, ValueError) as e:
         print(f"topas: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # an output path that cannot be written
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"topas: error: {where}{e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("topas: interrupted", file=sys.stderr)
         return 130
@@ -60,13 +64,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-capacity", type=int, help="KV budget in tokens")
     g.add_argument("--max-running", type=int, help="batch limit (default unlimited)")
     g.add_argument("--chunk-tokens", type=int, help="prefill chunk in tokens")
-    g.add_argument("--prediction-sigma", type=float, default=0.0,
-                   help="log-normal noise on predicted_output_tokens (default 0: the truth)")
+    g.add_argument(
+        "--prediction-sigma",
+        type=float,
+        default=0.0,
+        help="log-normal noise on predicted_output_tokens (default 0: the truth)",
+    )
     g.add_argument("--token-scale", type=float, default=1.0, help="divide token counts by this")
-    g.add_argument("--timing", choices=TIMING_MODES, default="calibrated",
-                   help="cost model written into the file (default calibrated)")
-    g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="workload parameter (repeatable); see `topas workloads`")
+    g.add_argument(
+        "--timing",
+        choices=TIMING_MODES,
+        default="calibrated",
+        help="cost model written into the file (default calibrated)",
+    )
+    g.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="workload parameter (repeatable); see `topas workloads`",
+    )
     g.set_defaults(func=cmd_generate)
 
     w = sub.add_parser("workloads", help="describe the workload families and their parameters")
@@ -83,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="run several policies on one instance, side by side")
     c.add_argument("instance")
-    c.add_argument("--policies", default=",".join(BASELINES),
-                   help=f"comma-separated specs (default {','.join(BASELINES)})")
+    c.add_argument(
+        "--policies",
+        default=",".join(BASELINES),
+        help=f"comma-separated specs (default {','.join(BASELINES)})",
+    )
     _run_options(c)
     c.add_argument("--csv", help="also write the table as CSV")
     c.set_defaults(func=cmd_compare)
@@ -102,8 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timing", choices=TIMING_MODES, default=None,
-                   help="step or calibrated (default: the file's cost model)")
+    p.add_argument(
+        "--timing",
+        choices=TIMING_MODES,
+        default=None,
+        help="step or calibrated (default: the file's cost model)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -130,8 +154,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
         **params,
     )
     save_instance(inst, args.out)
-    print(f"wrote {args.out}: {len(inst.tasks)} tasks, {inst.num_stages} stages, "
-          f"{len(inst.agents)} agents")
+    print(
+        f"wrote {args.out}: {len(inst.tasks)} tasks, {inst.num_stages} stages, "
+        f"{len(inst.agents)} agents"
+    )
 
 
 def cmd_workloads(args: argparse.Namespace) -> None:
@@ -145,8 +171,14 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     inst = load_instance(args.instance)
     make_policy(args.policy)  # fail fast on a bad spec
     timing = timing_mode(inst, args.timing)
-    metrics, doc = run_one(inst, args.policy, timing, args.seed, not args.no_progress,
-                           include_schedule=args.with_schedule)
+    metrics, doc = run_one(
+        inst,
+        args.policy,
+        timing,
+        args.seed,
+        not args.no_progress,
+        include_schedule=args.with_schedule,
+    )
     write_result(doc, args.out)
     print(format_table([(args.policy, metrics)], timing))
 
@@ -170,9 +202,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from topas.workloads import generate
 
     inst = generate(args.workload, num_tasks=args.tasks, seed=args.seed, load=args.load)
-    print(f"workload {inst.name}: {len(inst.tasks)} tasks, {inst.num_stages} stages, "
-          f"{len(inst.agents)} agents, KV budget {inst.server.kv_capacity_tokens} tokens, "
-          f"prefixes {sum(a.prefix_tokens for a in inst.agents)} tokens; calibrated timing")
+    print(
+        f"workload {inst.name}: {len(inst.tasks)} tasks, {inst.num_stages} stages, "
+        f"{len(inst.agents)} agents, KV budget {inst.server.kv_capacity_tokens} tokens, "
+        f"prefixes {sum(a.prefix_tokens for a in inst.agents)} tokens; calibrated timing"
+    )
     rows = compare(inst, list(BASELINES), "calibrated", args.seed, progress=True)
     print(format_table(rows, "calibrated"))
 
@@ -201,15 +235,17 @@ def run_one(
     bar = _progress_bar(inst.num_stages, spec, progress)
     t0 = time.perf_counter()
     try:
-        schedule = simulate(inst, policy, timing=timing, seed=seed,
-                            progress=None if bar is None else bar.update)
+        schedule = simulate(
+            inst, policy, timing=timing, seed=seed, progress=None if bar is None else bar.update
+        )
     finally:
         if bar is not None:
             bar.close()
     runtime = time.perf_counter() - t0
     metrics = evaluate(schedule)
-    doc = result_document(inst, schedule, metrics, spec, seed, timing, runtime,
-                          include_schedule=include_schedule)
+    doc = result_document(
+        inst, schedule, metrics, spec, seed, timing, runtime, include_schedule=include_schedule
+    )
     return metrics, doc
 
 
@@ -227,14 +263,25 @@ def _progress_bar(total: int, desc: str, enabled: bool):  # type: ignore[no-unty
     return tqdm(total=total, desc=desc, unit="stage", leave=False, file=sys.stderr)
 
 
-COLUMNS = ("mean_jct", "p50_jct", "p90_jct", "p99_jct", "max_jct", "makespan",
-           "prefix_hit_rate", "prefix_loads", "preemptions")
+COLUMNS = (
+    "mean_jct",
+    "p50_jct",
+    "p90_jct",
+    "p99_jct",
+    "max_jct",
+    "makespan",
+    "prefix_hit_rate",
+    "prefix_loads",
+    "preemptions",
+)
 
 
 def format_table(rows: list[tuple[str, Metrics]], timing: str) -> str:
     unit = "s"
-    header = ["policy"] + [c.replace("_jct", "") + (f" ({unit})" if "jct" in c or c == "makespan"
-                                                   else "") for c in COLUMNS]
+    header = ["policy"] + [
+        c.replace("_jct", "") + (f" ({unit})" if "jct" in c or c == "makespan" else "")
+        for c in COLUMNS
+    ]
     if timing == "step":
         header.append("sum JCT (steps)")
     lines = []
@@ -247,8 +294,10 @@ def format_table(rows: list[tuple[str, Metrics]], timing: str) -> str:
             cells.append(str(m.objective_steps))
         lines.append(cells)
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in  # noqa: E731
-                              enumerate(zip(r, widths, strict=True)))
+    fmt = lambda r: "  ".join(
+        x.rjust(w) if i else x.ljust(w)
+        for i, (x, w) in enumerate(zip(r, widths, strict=True))  # noqa: E731
+    )
     return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, lines)])
 
 

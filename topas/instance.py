@@ -24,6 +24,9 @@ import networkx as nx
 
 FORMAT = "topas-instance/1"
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 StageRef = tuple[str, str]
 """A stage is named by ``(task_id, stage_id)``: stage ids are unique within a task."""
 
@@ -114,7 +117,9 @@ class ServerSpec:
             if self.max_running < 1:
                 raise InstanceError(f"server.max_running: must be >= 1, got {self.max_running}")
         if not isinstance(self.mixed_chunk, bool):
-            raise InstanceError(f"server.mixed_chunk: must be true or false, got {self.mixed_chunk!r}")
+            raise InstanceError(
+                f"server.mixed_chunk: must be true or false, got {self.mixed_chunk!r}"
+            )
 
 
 # --------------------------------------------------------------------------- workflow
@@ -191,10 +196,16 @@ class Task:
             for dep in s.deps:
                 if dep not in known:
                     raise InstanceError(f"{where}.stages[{s.id}].deps: unknown stage {dep!r}")
+                if dep == s.id:
+                    raise InstanceError(f"{where}.stages[{s.id}].deps: stage depends on itself")
+            dup = _first_duplicate(s.deps)
+            if dup is not None:
+                raise InstanceError(f"{where}.stages[{s.id}].deps: duplicate dep {dup!r}")
         graph = self.graph
         if not nx.is_directed_acyclic_graph(graph):
-            cycle = " -> ".join(u for u, _ in nx.find_cycle(graph))
-            raise InstanceError(f"{where}.stages: dependency cycle {cycle}")
+            cycle = [u for u, _ in nx.find_cycle(graph)]
+            path = " -> ".join([*cycle, cycle[0]])
+            raise InstanceError(f"{where}.stages: dependency cycle {path}")
 
     @cached_property
     def graph(self) -> nx.DiGraph:
@@ -237,6 +248,8 @@ class Instance:
         dup = _first_duplicate(a.id for a in self.agents)
         if dup is not None:
             raise InstanceError(f"agents: duplicate agent id {dup!r}")
+        if not self.tasks:
+            raise InstanceError("tasks: an instance needs at least one task")
         dup = _first_duplicate(t.id for t in self.tasks)
         if dup is not None:
             raise InstanceError(f"tasks: duplicate task id {dup!r}")
@@ -319,10 +332,7 @@ class Instance:
             raise InstanceError(f"format: expected {FORMAT!r}, got {fmt!r}")
         name = _get(doc, "name", "name", str, default="instance")
         server = _server_from_dict(_get(doc, "server", "server", Mapping))
-        agents = [
-            _agent_from_dict(a, i)
-            for i, a in enumerate(_get(doc, "agents", "agents", list))
-        ]
+        agents = [_agent_from_dict(a, i) for i, a in enumerate(_get(doc, "agents", "agents", list))]
         tasks = [_task_from_dict(t, i) for i, t in enumerate(_get(doc, "tasks", "tasks", list))]
         return cls(server=server, agents=tuple(agents), tasks=tuple(tasks), name=name)
 
@@ -334,9 +344,11 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
     """Read and validate an instance file. Errors are prefixed with the file name."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise InstanceError(f"{p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InstanceError(f"{p}: not UTF-8 text (byte {e.start}): {e.reason}") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -357,12 +369,19 @@ def save_instance(instance: Instance, path: str | os.PathLike[str]) -> None:
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(p)) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; honour the umask like open()
         os.replace(tmp, p)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(p)) from None  # name the target, not tmp
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -416,9 +435,25 @@ def _get(doc: Mapping[str, Any], key: str, where: str, kind: Any, default: Any =
         return default
     value = doc[key]
     if not isinstance(value, kind):
-        expected = getattr(kind, "__name__", str(kind))
-        raise InstanceError(f"{where}: expected {expected}, got {type(value).__name__}")
+        raise InstanceError(f"{where}: expected {_json_type(kind)}, got {_json_type(type(value))}")
     return value
+
+
+def _json_type(kind: Any) -> str:
+    """The JSON name of a Python type, for error messages."""
+    if kind is Mapping or kind is dict:
+        return "an object"
+    if kind is list:
+        return "an array"
+    if kind is str:
+        return "a string"
+    if kind is bool:
+        return "true/false"
+    if kind in (int, float):
+        return "a number"
+    if kind is type(None):
+        return "null"
+    return getattr(kind, "__name__", str(kind))
 
 
 def _cost_model_from_dict(d: Any) -> CostModel:
@@ -460,7 +495,9 @@ def _prefix_load_from_dict(d: Any) -> PrefixLoad:
         if "tokens_per_s" not in d:
             raise InstanceError(f"{where}.tokens_per_s: missing parameter of the host load")
         return HostLoad(tokens_per_s=d["tokens_per_s"])
-    raise InstanceError(f"{where}.kind: unknown prefix load {kind!r} (expected 'recompute' or 'host')")
+    raise InstanceError(
+        f"{where}.kind: unknown prefix load {kind!r} (expected 'recompute' or 'host')"
+    )
 
 
 def _prefix_load_to_dict(p: PrefixLoad) -> dict[str, Any]:
@@ -486,7 +523,9 @@ def _agent_from_dict(d: Any, i: int) -> Agent:
     if not isinstance(d, Mapping):
         raise InstanceError(f"agents[{i}]: expected an object")
     aid = _get(d, "id", f"agents[{i}].id", object)
-    return Agent(id=aid, prefix_tokens=_get(d, "prefix_tokens", f"agents[{aid}].prefix_tokens", object))
+    return Agent(
+        id=aid, prefix_tokens=_get(d, "prefix_tokens", f"agents[{aid}].prefix_tokens", object)
+    )
 
 
 def _stage_from_dict(d: Any, where: str) -> Stage:

@@ -141,8 +141,11 @@ class _Engine:
         for agent in decision.evict:
             self.close_prefix(agent, st.time)
         # Loads start before the stages that wait for them (rule 7), in decision order.
-        new_loads = [a for a, p in st.prefixes.items()
-                     if p.status == PrefixStatus.LOADING and a not in before_loading]
+        new_loads = [
+            a
+            for a, p in st.prefixes.items()
+            if p.status == PrefixStatus.LOADING and a not in before_loading
+        ]
         order = list(decision.load) + [st.agent_of(r) for r in decision.admit]
         for agent in sorted(new_loads, key=order.index):
             self.load_started[agent] = st.time
@@ -159,8 +162,16 @@ class _Engine:
         admit, hit = self.admitted_at.pop(ref)
         start = self.started_at.pop(ref, self.state.time)
         self.schedule.runs.append(
-            StageRun(ref[0], ref[1], self.state.agent_of(ref), admit, start, self.state.time,
-                     preempted=True, prefix_hit=hit)
+            StageRun(
+                ref[0],
+                ref[1],
+                self.state.agent_of(ref),
+                admit,
+                start,
+                self.state.time,
+                preempted=True,
+                prefix_hit=hit,
+            )
         )
 
     def on_admit(self, ref: StageRef) -> None:
@@ -357,7 +368,10 @@ class StepEngine(_Engine):
         events: list[tuple[float, int]] = []
         for r in self.schedule.runs:
             s = self.inst.stage(r.ref)
-            events += [(r.admit, s.input_tokens + s.output_tokens), (r.end, -(s.input_tokens + s.output_tokens))]
+            events += [
+                (r.admit, s.input_tokens + s.output_tokens),
+                (r.end, -(s.input_tokens + s.output_tokens)),
+            ]
         for p in self.schedule.prefixes:
             tokens = self.inst.agent_by_id[p.agent].prefix_tokens
             events += [(p.load_start, tokens), (p.end, -tokens)]
@@ -419,13 +433,14 @@ class CalibratedEngine(_Engine):
     # ------------------------------------------------------------------ accounting
 
     def kv_need(self, ref: StageRef, generated: int) -> int:
-        # SGLang reserves input + predicted remaining output; generated tokens come back
-        # as prompt after a retraction: input + generated + max(0, predicted - generated).
-        # A prediction too long to fit even alone is clipped to what fits beside the
-        # prefix (the truth always does, by validation), so no stage waits for ever.
+        # SGLang reserves input + predicted remaining output. After a retraction the
+        # generated tokens come back as prompt and at least the next token still needs
+        # KV: input + max(predicted, generated + 1). A prediction too long to fit even
+        # alone is clipped to what fits beside the prefix (the truth always does, by
+        # validation), so no stage waits for ever.
         info = self.state.stage(ref)
         room = self.state.capacity - self.state.prefixes[info.agent].tokens
-        return min(info.input_tokens + max(info.predicted_output, generated), room)
+        return min(info.input_tokens + max(info.predicted_output, generated + 1), room)
 
     def on_admit(self, ref: StageRef) -> None:
         gen = self.state.generated.get(ref, 0)
@@ -524,8 +539,9 @@ class CalibratedEngine(_Engine):
             self.host_busy = (done, agent)
 
     def _sync_reservations(self) -> None:
-        """Stages decoding past their predicted length commit what they hold (SGLang's
-        reservation of the remaining predicted output is then zero)."""
+        """Stages decoding past their predicted length commit what they hold plus the
+        KV of their next token (their reservation of predicted output is used up), so
+        that memory the accounting shows as free is never needed by a decode step."""
         st = self.state
         while self.overrun_at and self.overrun_at[0][0] <= self.decode_iter:
             _, ref = heapq.heappop(self.overrun_at)
@@ -533,10 +549,10 @@ class CalibratedEngine(_Engine):
                 self.overrunning.add(ref)
         for ref in self.overrunning:
             live, run = self.live[ref], st.running[ref]
-            held = live.held(self.decode_iter)
-            if held > run.reserved:
-                st.kv_committed += held - run.reserved
-                run.reserved = held
+            need = live.held(self.decode_iter) + 1
+            if need > run.reserved:
+                st.kv_committed += need - run.reserved
+                run.reserved = need
         for ref, live in self.live.items():
             st.running[ref].generated = live.generated(self.decode_iter)
 
@@ -551,7 +567,17 @@ class CalibratedEngine(_Engine):
         return any(self._runnable(seg) for seg in self.prefill)
 
     def _prefill_iteration(self) -> None:
-        """One prefill (extend) batch of up to ``chunk_tokens`` tokens, in queue order."""
+        """One prefill (extend) batch of up to ``chunk_tokens`` tokens, in queue order.
+
+        With ``mixed_chunk`` the running stages also decode one token in it.
+        """
+        if (
+            self.mixed
+            and self.n_decoding
+            and self.kv_actual + self.n_decoding > self.state.capacity
+        ):
+            self._make_room(self.n_decoding)
+            return
         budget = self.chunk
         tokens = 0
         kv_read = 0
@@ -614,7 +640,9 @@ class CalibratedEngine(_Engine):
         self.n_decoding += 1
         self.ctx_sum += live.ctx0
         self.seq += 1
-        heapq.heappush(self.decoding, (self.decode_iter + s.output_tokens - live.gen0, self.seq, ref))
+        heapq.heappush(
+            self.decoding, (self.decode_iter + s.output_tokens - live.gen0, self.seq, ref)
+        )
         pred = self.state.stage(ref).predicted_output
         if live.gen0 >= pred:
             self.overrunning.add(ref)

@@ -141,6 +141,8 @@ class State:
     phase: dict[StageRef, Phase] = field(default_factory=dict)  # stages of released tasks
     waiting: dict[StageRef, float] = field(default_factory=dict)  # ready time; dict order =
     # the order in which stages reached the server
+    wait_stamp: dict[StageRef, int] = field(default_factory=dict)  # same keys as waiting:
+    # a stamp, increasing in insertion order and unique across states (see WaitingQueue)
     running: dict[StageRef, RunInfo] = field(default_factory=dict)  # admitted or running
     prefixes: dict[str, PrefixInfo] = field(default_factory=dict)
     kv_committed: int = 0  # loading/resident prefixes + reservations of running stages
@@ -170,6 +172,7 @@ class State:
         new.tasks = dict(self.tasks)
         new.phase = dict(self.phase)
         new.waiting = dict(self.waiting)
+        new.wait_stamp = dict(self.wait_stamp)
         new.running = {k: copy.copy(v) for k, v in self.running.items()}
         new.prefixes = {k: copy.copy(v) for k, v in self.prefixes.items()}
         new.generated = dict(self.generated)
@@ -236,6 +239,12 @@ def _touch(state: State, task_id: str) -> None:
     state.task_epoch[task_id] = next(_EPOCHS)
 
 
+def _enqueue(state: State, ref: StageRef) -> None:
+    """``ref`` becomes ready: it joins the end of the waiting queue."""
+    state.phase[ref] = Phase.WAITING
+    state.waiting[ref] = state.time
+    state.wait_stamp[ref] = next(_EPOCHS)
+
 
 def apply(state: State, decision: Decision) -> State:
     """The post-decision state; ``state`` is left unchanged. Raises InfeasibleDecision."""
@@ -293,7 +302,9 @@ def _start_load(state: State, agent: str) -> None:
 def _evict(state: State, agent: str) -> None:
     p = _prefix(state, agent)
     if p.status != PrefixStatus.RESIDENT:
-        raise InfeasibleDecision(f"evict {agent!r}: prefix is {p.status.name.lower()}, not resident")
+        raise InfeasibleDecision(
+            f"evict {agent!r}: prefix is {p.status.name.lower()}, not resident"
+        )
     if p.users:
         raise InfeasibleDecision(f"evict {agent!r}: prefix is in use by {p.users} stage(s)")
     p.status = PrefixStatus.ABSENT
@@ -311,6 +322,7 @@ def _admit(state: State, ref: StageRef) -> bool:
         _start_load(state, agent)
     reserved = state.need(ref)
     del state.waiting[ref]
+    del state.wait_stamp[ref]
     state.running[ref] = RunInfo(
         admitted_at=state.time, generated=state.generated.get(ref, 0), reserved=reserved
     )
@@ -331,8 +343,7 @@ def _preempt(state: State, ref: StageRef) -> None:
     if run is None:
         raise InfeasibleDecision(f"preempt {ref[0]}/{ref[1]}: stage is not running")
     release_stage(state, ref)
-    state.phase[ref] = Phase.WAITING
-    state.waiting[ref] = state.time
+    _enqueue(state, ref)
     _touch(state, ref[0])
 
 
@@ -360,8 +371,7 @@ def release_task(state: State, info: TaskInfo) -> list[StageRef]:
         if info.stages[sid].deps:
             state.phase[ref] = Phase.BLOCKED
         else:
-            state.phase[ref] = Phase.WAITING
-            state.waiting[ref] = state.time
+            _enqueue(state, ref)
             ready.append(ref)
     return ready
 
@@ -377,8 +387,7 @@ def complete_stage(state: State, ref: StageRef, service_s: float) -> list[StageR
     for child in task.stages[ref[1]].children:
         cref = (ref[0], child)
         if all(state.phase[(ref[0], d)] == Phase.DONE for d in task.stages[child].deps):
-            state.phase[cref] = Phase.WAITING
-            state.waiting[cref] = state.time
+            _enqueue(state, cref)
             ready.append(cref)
     state.unfinished[ref[0]] -= 1
     _touch(state, ref[0])
@@ -439,7 +448,9 @@ class Planner:
 
     def cost(self, ref: StageRef) -> int:
         agent = self.state.agent_of(ref)
-        extra = self.state.prefixes[agent].tokens if self._status[agent] == PrefixStatus.ABSENT else 0
+        extra = (
+            self.state.prefixes[agent].tokens if self._status[agent] == PrefixStatus.ABSENT else 0
+        )
         return self.state.need(ref) + extra
 
     def fits(self, ref: StageRef) -> bool:

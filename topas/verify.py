@@ -38,8 +38,9 @@ def verify_step(schedule: Schedule) -> None:
     for p in schedule.prefixes:
         ls, rs, e = step(p.load_start), step(p.resident_from), step(p.end)
         if rs - ls != st.load_steps[p.agent]:
-            raise ScheduleError(f"prefix {p.agent}: load lasts {rs - ls} steps, expected "
-                                f"{st.load_steps[p.agent]}")
+            raise ScheduleError(
+                f"prefix {p.agent}: load lasts {rs - ls} steps, expected {st.load_steps[p.agent]}"
+            )
         residency[p.agent].append((ls, rs, e))
     horizon = 0
     for r in schedule.runs:
@@ -52,7 +53,9 @@ def verify_step(schedule: Schedule) -> None:
         stage = inst.stage(r.ref)
         a, s, e = step(r.admit), step(r.start), step(r.end)
         if not (a <= s <= e):
-            raise ScheduleError(f"stage {r.task}/{r.stage}: admit {a}, start {s}, end {e} out of order")
+            raise ScheduleError(
+                f"stage {r.task}/{r.stage}: admit {a}, start {s}, end {e} out of order"
+            )
         kv[a:e] += stage.input_tokens + stage.output_tokens
         slots[a:e] += 1
         if r.preempted:
@@ -66,11 +69,14 @@ def verify_step(schedule: Schedule) -> None:
         for dep in stage.deps:
             dep_end = step(done[(r.task, dep)].end)
             if dep_end > s:
-                raise ScheduleError(f"stage {r.task}/{r.stage} starts at {s} before dep {dep} "
-                                    f"ends at {dep_end}")
+                raise ScheduleError(
+                    f"stage {r.task}/{r.stage} starts at {s} before dep {dep} ends at {dep_end}"
+                )
         if not any(rs <= s and e <= pe for _, rs, pe in residency[stage.agent]):
-            raise ScheduleError(f"stage {r.task}/{r.stage}: prefix {stage.agent} not resident "
-                                f"throughout steps {s}..{e - 1}")
+            raise ScheduleError(
+                f"stage {r.task}/{r.stage}: prefix {stage.agent} not resident "
+                f"throughout steps {s}..{e - 1}"
+            )
     for agent, ivs in residency.items():
         tokens = inst.agent_by_id[agent].prefix_tokens
         ivs.sort()
@@ -88,5 +94,7 @@ def verify_step(schedule: Schedule) -> None:
         over = np.nonzero(slots > inst.server.max_running)[0]
         if over.size:
             t = int(over[0])
-            raise ScheduleError(f"step {t}: {int(slots[t])} stages hold slots, max_running is "
-                                f"{inst.server.max_running}")
+            raise ScheduleError(
+                f"step {t}: {int(slots[t])} stages hold slots, max_running is "
+                f"{inst.server.max_running}"
+            )

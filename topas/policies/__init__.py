@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -60,7 +61,7 @@ def make_policy(spec: str) -> Policy:
     if not spec:
         raise PolicySpecError("empty policy spec")
     head, _, rest = spec.partition(":")
-    if "." in head:  # package.module:Class[:params]
+    if "." in head or _is_user_module(head):  # package.module:Class[:params]
         cls_name, _, params = rest.partition(":")
         cls = _import_class(head, cls_name, spec)
         spec_name = f"{head}:{cls_name}"
@@ -69,9 +70,22 @@ def make_policy(spec: str) -> Policy:
         params = rest
         spec_name = head
     kwargs = _parse_params(cls, params, spec)
-    policy = cls(**kwargs)
+    try:
+        policy = cls(**kwargs)
+    except TypeError as e:
+        raise PolicySpecError(f"policy spec {spec!r}: {e}") from None
     policy.name = spec if params else spec_name
     return policy
+
+
+def _is_user_module(head: str) -> bool:
+    """A top-level module name that is not a registered policy: ``mymod:Class``."""
+    if head in REGISTRY or head in _entry_point_policies():
+        return False
+    try:
+        return importlib.util.find_spec(head) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _lookup(name: str) -> type[Policy]:
@@ -114,9 +128,11 @@ def _parse_params(cls: type[Policy], params: str, spec: str) -> dict[str, Any]:
 
 
 def _convert(field: dataclasses.Field, value: str, spec: str) -> Any:
-    kind = field.type if isinstance(field.type, type) else {"bool": bool, "int": int,
-                                                            "float": float, "str": str}.get(
-        str(field.type), str)
+    kind = (
+        field.type
+        if isinstance(field.type, type)
+        else {"bool": bool, "int": int, "float": float, "str": str}.get(str(field.type), str)
+    )
     try:
         if kind is bool:
             if value.lower() in ("1", "true", "yes", "on"):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from topas.instance import ServerSpec, StageRef
 from topas.state import Decision, Planner, State
@@ -77,3 +79,50 @@ def admit_in_order(
             if stop_at_first_misfit:
                 break
     return plan
+
+
+class WaitingQueue:
+    """The waiting stages in the order of a fixed per-stage key, maintained incrementally.
+
+    A key must not change while its stage waits. New arrivals are found from the end
+    of ``State.waiting`` by their stamps, and stages that left the queue are dropped
+    lazily, so a decision costs O((new + admitted) log n), not a sort of all n.
+    """
+
+    def __init__(self, key: Callable[[State, StageRef], Any]) -> None:
+        self.key = key
+        self.heap: list[tuple[Any, int, StageRef]] = []
+        self.last_stamp = 0
+
+    def sync(self, state: State) -> None:
+        stamps = state.wait_stamp
+        newest = self.last_stamp
+        for ref in reversed(state.waiting):
+            stamp = stamps[ref]
+            if stamp <= self.last_stamp:
+                break
+            newest = max(newest, stamp)
+            heapq.heappush(self.heap, (self.key(state, ref), stamp, ref))
+        self.last_stamp = newest
+        if len(self.heap) > 2 * len(state.waiting) + 64:  # drop stale entries now and then
+            self.heap = [e for e in self.heap if stamps.get(e[2]) == e[1]]
+            heapq.heapify(self.heap)
+
+    def admit(
+        self, state: State, evict_order: Sequence[str] | None = None, plan: Planner | None = None
+    ) -> Planner:
+        """Admit in key order until the first stage that does not fit (PrefillAdder)."""
+        self.sync(state)
+        plan = state.plan() if plan is None else plan
+        stamps = state.wait_stamp
+        popped = []
+        while self.heap and plan.free_slots >= 1:
+            entry = heapq.heappop(self.heap)
+            if stamps.get(entry[2]) != entry[1]:
+                continue  # no longer waiting (or re-queued under a newer stamp)
+            popped.append(entry)
+            if not plan.try_admit(entry[2], evict_order):
+                break
+        for entry in popped:  # the decision may not be applied: keep every entry
+            heapq.heappush(self.heap, entry)
+        return plan

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from topas.instance import StageRef
-from topas.policies.base import Policy, admit_in_order
+from topas.policies.base import Policy, PolicyContext, WaitingQueue, admit_in_order
 from topas.state import Decision, Phase, PrefixStatus, State
 from topas.timing import predicted_service_s
 
@@ -38,8 +38,12 @@ class FCFS(Policy):
 
     name = "fcfs"
 
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self._queue = WaitingQueue(fcfs_key)
+
     def decide(self, state: State) -> Decision:
-        return admit_in_order(state, fcfs_order(state), self.eviction_order(state)).decision()
+        return self._queue.admit(state, self.eviction_order(state)).decision()
 
 
 @dataclass
@@ -52,11 +56,17 @@ class LPM(Policy):
     max_sorted: int = 128
     name = "lpm"
 
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self._fcfs = WaitingQueue(fcfs_key)
+
     def decide(self, state: State) -> Decision:
+        evict_order = self.eviction_order(state)
+        if len(state.waiting) > self.max_sorted:
+            return self._fcfs.admit(state, evict_order).decision()
         order = fcfs_order(state)
-        if len(order) <= self.max_sorted:
-            order.sort(key=lambda r: -self._matched(state, r))  # stable: FCFS among ties
-        return admit_in_order(state, order, self.eviction_order(state)).decision()
+        order.sort(key=lambda r: -self._matched(state, r))  # stable: FCFS among ties
+        return admit_in_order(state, order, evict_order).decision()
 
     @staticmethod
     def _matched(state: State, ref: StageRef) -> int:
@@ -98,14 +108,15 @@ class CPF(Policy):
 
     name = "cpf"
 
-    def reset(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
-        self._paths = _PathCache()
+        paths = _PathCache()
+        self._queue = WaitingQueue(
+            lambda state, r: (-paths.tail(self, state, r), *fcfs_key(state, r))
+        )
 
     def decide(self, state: State) -> Decision:
-        order = fcfs_order(state)
-        order.sort(key=lambda r: -self._paths.tail(self, state, r))
-        return admit_in_order(state, order, self.eviction_order(state)).decision()
+        return self._queue.admit(state, self.eviction_order(state)).decision()
 
 
 @dataclass
@@ -121,16 +132,17 @@ class ATLAS(Policy):
 
     name = "atlas"
 
-    def reset(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
         self._attained: dict[StageRef, float] = {}
+        self._queue = WaitingQueue(
+            lambda state, r: (self._path_attained(state, r), *fcfs_key(state, r))
+        )
 
     def decide(self, state: State) -> Decision:
         if len(self._attained) > 10_000:
             self._attained = {r: v for r, v in self._attained.items() if r[0] in state.tasks}
-        order = fcfs_order(state)
-        order.sort(key=lambda r: self._path_attained(state, r))
-        return admit_in_order(state, order, self.eviction_order(state)).decision()
+        return self._queue.admit(state, self.eviction_order(state)).decision()
 
     def _path_attained(self, state: State, ref: StageRef) -> float:
         """Largest attained service over the paths of finished stages ending at ``ref``."""
@@ -162,14 +174,15 @@ class KVFlow(Policy):
     horizon: int = 1
     name = "kvflow"
 
-    def reset(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
         self._steps = StepsToExecution()
+        self._queue = WaitingQueue(fcfs_key)
 
     def decide(self, state: State) -> Decision:
         steps = self._steps.update(state)
         evict_order = self._order(state, steps)
-        plan = admit_in_order(state, fcfs_order(state), evict_order)
+        plan = self._queue.admit(state, evict_order)
         if self.prefetch:
             due = sorted((v, a) for a, v in steps.items() if v <= self.horizon)
             for _, agent in due:
@@ -235,8 +248,11 @@ def task_distances(state: State, tid: str) -> dict[str, int]:
         if phase == Phase.DONE:
             continue
         s = info.stages[sid]
-        d = 0 if phase != Phase.BLOCKED else 1 + max(
-            (dist[x] for x in s.deps if x in dist), default=0)
+        d = (
+            0
+            if phase != Phase.BLOCKED
+            else 1 + max((dist[x] for x in s.deps if x in dist), default=0)
+        )
         dist[sid] = d
         if d < best.get(s.agent, 1 << 30):
             best[s.agent] = d

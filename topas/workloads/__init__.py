@@ -87,9 +87,7 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown workload {name!r} (valid: {', '.join(WORKLOADS)})"
-        ) from None
+        raise ValueError(f"unknown workload {name!r} (valid: {', '.join(WORKLOADS)})") from None
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -208,8 +206,9 @@ def _scale(
     )
     kv = _scaled(server.kv_capacity_tokens, s)
     if fitted:
-        need = max(new_prefix[st.agent] + st.input_tokens + st.output_tokens
-                   for t in new_tasks for st in t)
+        need = max(
+            new_prefix[st.agent] + st.input_tokens + st.output_tokens for t in new_tasks for st in t
+        )
         kv = max(kv, need)
     new_server = replace(
         server, kv_capacity_tokens=kv, chunk_tokens=_scaled(server.chunk_tokens, s)

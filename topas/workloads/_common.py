@@ -206,9 +206,13 @@ def decode_regime(
     b = max(1, math.floor(server.kv_capacity_tokens / mean_seq))
     if server.max_running is not None:
         b = min(b, server.max_running)
-    c = sum(
-        agents_by_id[s.agent].prefix_tokens + s.input_tokens + s.output_tokens / 2 for s in stages
-    ) / n
+    c = (
+        sum(
+            agents_by_id[s.agent].prefix_tokens + s.input_tokens + s.output_tokens / 2
+            for s in stages
+        )
+        / n
+    )
     return DecodeRegime(batch=b, context=c)
 
 
@@ -253,9 +257,7 @@ def task_demand_s(
         if host is None:
             steps += sum(math.ceil(p / chunk) for p in prefixes)
         else:
-            steps += sum(
-                max(1, math.ceil(p / (host.tokens_per_s * cost.step_s))) for p in prefixes
-            )
+            steps += sum(max(1, math.ceil(p / (host.tokens_per_s * cost.step_s))) for p in prefixes)
         return cost.step_s * steps / b
     lin: LinearCost = cost if isinstance(cost, LinearCost) else DEFAULT_LINEAR
     prefill_tokens = sum(s.input_tokens for s in task.stages)

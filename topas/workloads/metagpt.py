@@ -286,8 +286,7 @@ def build_tl(rng: np.random.Generator, num_tasks: int, p: Mapping[str, Any]) -> 
         workers.append("data_analyst")
     agents = [Agent("tl", uniform_int(rng, p["tl_prefix_min"], p["tl_prefix_max"]))]
     agents += [
-        Agent(w, uniform_int(rng, p["worker_prefix_min"], p["worker_prefix_max"]))
-        for w in workers
+        Agent(w, uniform_int(rng, p["worker_prefix_min"], p["worker_prefix_max"])) for w in workers
     ]
     tasks = []
     for _ in range(num_tasks):
