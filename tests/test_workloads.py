@@ -298,19 +298,20 @@ def test_task_demand_by_hand():
     agents = {"a": Agent("a", 1000)}
     task = Task("t0", 0.0, (Stage("x", "a", 500, 100), Stage("y", "a", 300, 300, deps=("x",))))
     cost = LinearCost(base_s=0.01, prefill_token_s=1e-4, decode_seq_s=1e-3, kv_token_s=1e-6)
-    server = ServerSpec(kv_capacity_tokens=2400, chunk_tokens=256, cost_model=cost)
-    # mean per-sequence KV = (600 + 600)/2 = 600 -> b = floor(2400/600) = 4
+    server = ServerSpec(kv_capacity_tokens=3400, chunk_tokens=256, cost_model=cost)
+    # mean per-sequence KV = (600 + 600)/2 = 600; beside the resident prefix (1000):
+    # b = floor((3400 - 1000)/600) = 4
     # c = mean(1000+500+50, 1000+300+150) = 1500
     reg = decode_regime(task.stages, agents, server)
     assert (reg.batch, reg.context) == (4, 1500)
     # prefill: (500 + 300 + 1000 once) * 1e-4 = 0.18
     # decode per token: (0.01 + 1e-3*4 + 1e-6*4*1500) / 4 = 0.005; 400 tokens -> 2.0
     assert task_demand_s(task, agents, server) == pytest.approx(0.18 + 2.0)
-    capped = ServerSpec(kv_capacity_tokens=2400, chunk_tokens=256, max_running=2, cost_model=cost)
+    capped = ServerSpec(kv_capacity_tokens=3400, chunk_tokens=256, max_running=2, cost_model=cost)
     assert decode_regime(task.stages, agents, capped).batch == 2
     # step model: durations ceil(500/256)+100 = 102, ceil(300/256)+300 = 302, load ceil(1000/256)
     # = 4; b = 4 -> (102 + 302 + 4) / 4 = 102 steps
-    step = ServerSpec(kv_capacity_tokens=2400, chunk_tokens=256, cost_model=StepCost(1.0))
+    step = ServerSpec(kv_capacity_tokens=3400, chunk_tokens=256, cost_model=StepCost(1.0))
     assert task_demand_s(task, agents, step) == pytest.approx(102.0)
 
 

@@ -193,17 +193,23 @@ def require_choice(value: Any, name: str, choices: Sequence[str]) -> None:
 class DecodeRegime:
     """The decode batch and context at the server's best throughput (see :func:`decode_regime`)."""
 
-    batch: int  # b = min(max_running, floor(kv_capacity_tokens / mean input+output)), >= 1
+    batch: int  # b = min(max_running, floor((kv_capacity - all prefixes) / mean input+output))
     context: float  # c = mean attended context per decode step: prefix + input + output/2
 
 
 def decode_regime(
     stages: Sequence[Stage], agents_by_id: Mapping[str, Agent], server: ServerSpec
 ) -> DecodeRegime:
-    """Effective decode batch ``b`` and mean attended context ``c`` over ``stages``."""
+    """Effective decode batch ``b`` and mean attended context ``c`` over ``stages``.
+
+    ``b`` is the number of average stages whose KV (input + output, as admission
+    reserves it) fits beside every agent's prefix kept resident: the best-locality
+    regime, so load 1 is about where a server that keeps all prefixes saturates.
+    """
     n = len(stages)
     mean_seq = sum(s.input_tokens + s.output_tokens for s in stages) / n
-    b = max(1, math.floor(server.kv_capacity_tokens / mean_seq))
+    room = server.kv_capacity_tokens - sum(a.prefix_tokens for a in agents_by_id.values())
+    b = max(1, math.floor(room / mean_seq))
     if server.max_running is not None:
         b = min(b, server.max_running)
     c = (
