@@ -294,10 +294,11 @@ def format_table(rows: list[tuple[str, Metrics]], timing: str) -> str:
             cells.append(str(m.objective_steps))
         lines.append(cells)
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(
-        x.rjust(w) if i else x.ljust(w)
-        for i, (x, w) in enumerate(zip(r, widths, strict=True))  # noqa: E731
-    )
+
+    def fmt(row: list[str]) -> str:
+        cells = zip(row, widths, strict=True)
+        return "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(cells))
+
     return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, lines)])
 
 
