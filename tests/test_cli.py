@@ -946,3 +946,14 @@ def test_generate_bad_arguments(
     assert_one_line_error(rc, out, err, *fragments)
     assert not out_file.exists()
     assert os.listdir(tmp_path) == []
+
+
+def test_demo_prints_a_table_of_every_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    from topas.cli import main
+
+    assert main(["demo", "--tasks", "12", "--load", "0.9"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("workload metagpt-sop")
+    for name in ("fcfs", "lpm", "cpf", "atlas", "kvflow"):
+        assert any(line.startswith(name) for line in lines), name

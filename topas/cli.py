@@ -37,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, InstanceError, PolicySpecError, SimulationError, ValueError) as e:
         print(f"topas: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
     except OSError as e:  # an output path that cannot be written
         where = f"{e.filename}: " if e.filename else ""
         print(f"topas: error: {where}{e.strerror or e}", file=sys.stderr)
@@ -263,17 +266,8 @@ def _progress_bar(total: int, desc: str, enabled: bool):  # type: ignore[no-unty
     return tqdm(total=total, desc=desc, unit="stage", leave=False, file=sys.stderr)
 
 
-COLUMNS = (
-    "mean_jct",
-    "p50_jct",
-    "p90_jct",
-    "p99_jct",
-    "max_jct",
-    "makespan",
-    "prefix_hit_rate",
-    "prefix_loads",
-    "preemptions",
-)
+# the simulated figures of the summary (the wall-clock decision times stay out of tables)
+COLUMNS = tuple(k for k in Metrics.SUMMARY_KEYS if not k.startswith("decision_time"))
 
 
 def format_table(rows: list[tuple[str, Metrics]], timing: str) -> str:
