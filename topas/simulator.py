@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from topas.instance import HostLoad, Instance, StageRef
 from topas.policies.base import Policy, PolicyContext
-from topas.schedule import PrefixInterval, Schedule, StageRun
+from topas.schedule import PrefixInterval, Schedule, StageRun, step_peak_kv
 from topas.state import (
     Decision,
     Phase,
@@ -327,7 +327,7 @@ class StepEngine(_Engine):
                 self.check_invariants()
             self.t = self._next_step(wake)
         self.close_all(self.t * step_s)
-        self.schedule.peak_kv_tokens = self._peak_kv()
+        self.schedule.peak_kv_tokens = step_peak_kv(self.schedule)
         return self.schedule
 
     def _to_step(self, seconds: float) -> int:
@@ -363,24 +363,6 @@ class StepEngine(_Engine):
         if not cands:
             raise self.stalled()
         return min(cands)
-
-    def _peak_kv(self) -> int:
-        events: list[tuple[float, int]] = []
-        for r in self.schedule.runs:
-            s = self.inst.stage(r.ref)
-            events += [
-                (r.admit, s.input_tokens + s.output_tokens),
-                (r.end, -(s.input_tokens + s.output_tokens)),
-            ]
-        for p in self.schedule.prefixes:
-            tokens = self.inst.agent_by_id[p.agent].prefix_tokens
-            events += [(p.load_start, tokens), (p.end, -tokens)]
-        events.sort(key=lambda e: (e[0], e[1]))
-        peak = cur = 0
-        for _, d in events:
-            cur += d
-            peak = max(peak, cur)
-        return peak
 
 
 # =========================================================================== calibrated

@@ -15,6 +15,7 @@ from typing import Any
 
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LPM, KVFlow
+from topas.policies.replay import Replay
 
 REGISTRY: dict[str, type[Policy]] = {
     "fcfs": FCFS,
@@ -22,6 +23,7 @@ REGISTRY: dict[str, type[Policy]] = {
     "cpf": CPF,
     "atlas": ATLAS,
     "kvflow": KVFlow,
+    "replay": Replay,  # replays a recorded schedule: replay:file=RESULT.json
 }
 
 BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow")
@@ -111,7 +113,11 @@ def _import_class(module: str, cls_name: str, spec: str) -> type[Policy]:
 
 
 def _parse_params(cls: type[Policy], params: str, spec: str) -> dict[str, Any]:
-    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    fields = (
+        {f.name: f for f in dataclasses.fields(cls) if f.init}
+        if dataclasses.is_dataclass(cls)
+        else {}
+    )
     out: dict[str, Any] = {}
     for item in filter(None, (p.strip() for p in params.split(","))):
         key, eq, value = item.partition("=")

@@ -1,0 +1,204 @@
+"""What both oracle formulations share: the step-model data, bounds, horizon, results.
+
+:class:`StepProblem` turns an :class:`~topas.instance.Instance` into the integer data of
+the step model (DESIGN rules 1-2): release steps, stage durations, KV sizes, load
+durations, and per-stage earliest starts from releases and critical paths.
+:func:`horizon` bounds the steps any optimal schedule can use, from a feasible
+objective. :class:`OracleSolution` is what a formulation hands back (stage starts and
+prefix residency intervals, in steps); :func:`to_schedule` makes it a
+:class:`~topas.schedule.Schedule`, so the objective is recomputed by
+:func:`~topas.schedule.evaluate` and feasibility checked by
+:func:`~topas.verify.verify_step`, without the solver.
+
+Never imports the policies it judges: the feasible starting schedule comes from the
+caller (``topas.oracle_milp.solve`` runs the baselines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from topas.instance import Instance, StageRef
+from topas.schedule import PrefixInterval, Schedule, StageRun, step_peak_kv
+from topas.timing import StepTiming
+
+STATUSES = ("optimal", "feasible", "timeout")
+
+
+class OracleError(RuntimeError):
+    """The solver contradicted the model (e.g. 'infeasible' for a validated instance)."""
+
+
+@dataclass(frozen=True)
+class StepStage:
+    """A stage in step units."""
+
+    ref: StageRef
+    task: int  # index into StepProblem.tasks
+    agent: str
+    duration: int  # d_v
+    kv: int  # input + output tokens held while it runs
+    deps: tuple[int, ...]  # indices into StepProblem.stages
+    head: int  # longest chain of durations before it within its task
+    tail: int  # d_v plus the longest chain of durations after it
+
+
+@dataclass(frozen=True)
+class StepProblem:
+    """The integer data of the step model for one instance."""
+
+    instance: Instance
+    step_s: float
+    capacity: int
+    max_running: int | None
+    releases: tuple[int, ...]  # per task, in steps
+    stages: tuple[StepStage, ...]
+    prefix: dict[str, int]  # agent -> p_a
+    load: dict[str, int]  # agent -> l_a
+    task_stages: tuple[tuple[int, ...], ...]  # per task, its stage indices
+
+    @classmethod
+    def of(cls, instance: Instance) -> StepProblem:
+        st = StepTiming.of(instance)
+        index: dict[StageRef, int] = {}
+        for t in instance.tasks:
+            for s in t.stages:
+                index[(t.id, s.id)] = len(index)
+        stages: list[StepStage] = []
+        task_stages = []
+        for j, t in enumerate(instance.tasks):
+            dur = {s.id: st.stage_steps(s.input_tokens, s.output_tokens) for s in t.stages}
+            head: dict[str, int] = {}
+            for sid in t.topo_order:
+                deps = t.stage_by_id[sid].deps
+                head[sid] = max((head[d] + dur[d] for d in deps), default=0)
+            tail: dict[str, int] = {}
+            for sid in reversed(t.topo_order):
+                tail[sid] = dur[sid] + max((tail[c] for c in t.children[sid]), default=0)
+            ids = []
+            for s in t.stages:
+                ids.append(len(stages))
+                stages.append(
+                    StepStage(
+                        ref=(t.id, s.id),
+                        task=j,
+                        agent=s.agent,
+                        duration=dur[s.id],
+                        kv=s.input_tokens + s.output_tokens,
+                        deps=tuple(index[(t.id, d)] for d in s.deps),
+                        head=head[s.id],
+                        tail=tail[s.id],
+                    )
+                )
+            task_stages.append(tuple(ids))
+        return cls(
+            instance=instance,
+            step_s=st.step_s,
+            capacity=instance.server.kv_capacity_tokens,
+            max_running=instance.server.max_running,
+            releases=tuple(st.release(t.arrival) for t in instance.tasks),
+            stages=tuple(stages),
+            prefix={a.id: a.prefix_tokens for a in instance.agents},
+            load=dict(st.load_steps),
+            task_stages=tuple(task_stages),
+        )
+
+    def earliest_start(self, v: int) -> int:
+        """Release plus the chain of durations before ``v`` (a load may precede release)."""
+        s = self.stages[v]
+        return self.releases[s.task] + s.head
+
+    def task_lower_bound(self, j: int) -> int:
+        """A task's JCT is at least its critical path, plus the load of its first
+        stage's prefix when the task is released at step 0 (nothing is resident then)."""
+        ids = self.task_stages[j]
+        cp = max(self.stages[v].tail for v in ids)
+        if self.releases[j] == 0:
+            roots = [v for v in ids if not self.stages[v].deps]
+            cp = max(
+                cp,
+                min(self.load[self.stages[v].agent] + self.stages[v].tail for v in roots),
+            )
+        return cp
+
+    def lower_bound(self) -> int:
+        """Sum of the per-task bounds: a trivial bound on the objective."""
+        return sum(self.task_lower_bound(j) for j in range(len(self.releases)))
+
+    def used_agents(self) -> list[str]:
+        return sorted({s.agent for s in self.stages})
+
+
+def horizon(problem: StepProblem, upper_bound: int) -> int:
+    """Steps ``0..T-1`` suffice for any schedule with objective <= ``upper_bound``.
+
+    Task ``j`` ends by ``r_j + UB - sum_{i != j} LB_i``, since every other task takes at
+    least its lower bound.
+    """
+    lbs = [problem.task_lower_bound(j) for j in range(len(problem.releases))]
+    total = sum(lbs)
+    return max(r + upper_bound - (total - lb) for r, lb in zip(problem.releases, lbs, strict=True))
+
+
+@dataclass
+class OracleSolution:
+    """A formulation's answer in steps: stage starts and prefix residency intervals."""
+
+    starts: dict[int, int]  # stage index -> start step
+    residency: list[tuple[str, int, int]]  # (agent, load start, end) with end exclusive
+
+
+@dataclass
+class OracleResult:
+    """What :func:`topas.oracle_milp.solve` returns.
+
+    ``status``: ``optimal`` (proved by the solver), ``feasible`` (a schedule, not proved
+    optimal: ``lower_bound`` bounds the optimum) or ``timeout`` (no schedule found).
+    ``objective`` and ``lower_bound`` are sums of JCTs in steps.
+    """
+
+    status: str
+    objective: int | None
+    lower_bound: int
+    runtime: float
+    schedule: Schedule | None
+    backend: str = ""
+    horizon: int = 0
+    stats: dict[str, float | int | str] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap between objective and bound (0 when proved optimal)."""
+        if self.objective is None:
+            return None
+        return (self.objective - self.lower_bound) / max(1, self.objective)
+
+
+def to_schedule(problem: StepProblem, sol: OracleSolution) -> Schedule:
+    """The Schedule of a solution (stages are admitted at their start, as in rule 3)."""
+    step = problem.step_s
+    sched = Schedule(instance=problem.instance, timing="step", step_s=step)
+    for agent, load_start, end in sol.residency:
+        ready = load_start + problem.load[agent]
+        sched.prefixes.append(
+            PrefixInterval(agent, load_start * step, ready * step, max(end, ready) * step)
+        )
+    sched.prefixes.sort(key=lambda p: (p.load_start, p.agent))
+    for v, s in enumerate(problem.stages):
+        start = sol.starts[v]
+        end = start + s.duration
+        # admitted at its start with the prefix resident: a hit, as in the replay
+        sched.runs.append(
+            StageRun(
+                s.ref[0],
+                s.ref[1],
+                s.agent,
+                start * step,
+                start * step,
+                end * step,
+                preempted=False,
+                prefix_hit=True,
+            )
+        )
+    sched.peak_kv_tokens = step_peak_kv(sched)
+    return sched

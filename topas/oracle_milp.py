@@ -1,0 +1,457 @@
+"""The exact oracle: optimal step-model schedules for small instances.
+
+One entry point, :func:`solve`, and two independent formulations of the step model
+(DESIGN.md rules 1-12), both minimising the sum of task JCTs in steps:
+
+- a time-indexed MILP built with PuLP and solved by CBC or HiGHS (this module);
+- an interval model solved by OR-Tools CP-SAT (:mod:`topas.oracle_cpsat`).
+
+Each constraint family of the MILP is built by its own function, named as in
+``docs/oracle.md``. Statuses are honest: ``optimal`` only when the solver proved it
+(PuLP reports a time-limited CBC or HiGHS run as "Optimal", so the real solver status
+and bound are read), ``feasible`` with the best bound otherwise, ``timeout`` when no
+schedule was found. A solver answering "infeasible" on a validated instance means the
+model is wrong and raises :class:`~topas.oracle_common.OracleError`.
+
+Every returned schedule is rebuilt as a :class:`~topas.schedule.Schedule`, its objective
+recomputed by :func:`~topas.schedule.evaluate` and its feasibility checked by
+:func:`~topas.verify.verify_step`, without the solver.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulp
+
+from topas.instance import Instance
+from topas.oracle_common import (
+    OracleError,
+    OracleResult,
+    OracleSolution,
+    StepProblem,
+    horizon,
+    to_schedule,
+)
+from topas.schedule import Schedule, ScheduleError, evaluate
+from topas.verify import verify_step
+
+BACKENDS = ("cpsat", "cbc", "highs")
+
+
+def solve(
+    instance: Instance,
+    backend: str = "cpsat",
+    time_limit: float = 60.0,
+    threads: int = 2,
+    warm_start: Schedule | None = None,
+    log: bool = False,
+) -> OracleResult:
+    """Minimise the sum of JCTs of ``instance`` in the step model.
+
+    ``warm_start``: a feasible step-model schedule (e.g. the best baseline's, from the
+    simulator) that bounds the horizon and seeds the solver; without it a serial
+    schedule is used. ``time_limit`` is in seconds of solver time; 0 returns
+    ``timeout`` at once.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown oracle backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    t0 = time.perf_counter()
+    problem = StepProblem.of(instance)
+    hint = solution_from_schedule(problem, warm_start) if warm_start else serial_solution(problem)
+    upper = objective_of(problem, hint)
+    T = horizon(problem, upper)
+    trivial = problem.lower_bound()
+    if time_limit <= 0:
+        return OracleResult("timeout", None, trivial, time.perf_counter() - t0, None, backend, T)
+    if backend == "cpsat":
+        from topas.oracle_cpsat import solve_cpsat
+
+        status, sol, bound, stats = solve_cpsat(
+            problem, time_limit, threads, upper_bound=upper, hint=hint, log=log
+        )
+    else:
+        status, sol, bound, stats = solve_milp(
+            problem, T, backend, time_limit, threads, upper, hint, log
+        )
+    runtime = time.perf_counter() - t0
+    if sol is None:
+        return OracleResult("timeout", None, max(bound, trivial), runtime, None, backend, T, stats)
+    sol = normalize(problem, sol)
+    schedule = to_schedule(problem, sol)
+    try:
+        verify_step(schedule)
+    except ScheduleError as e:
+        raise OracleError(f"{backend}: the solver's schedule breaks the step model: {e}") from e
+    objective = evaluate(schedule).objective_steps
+    assert objective is not None
+    if status == "optimal":
+        bound = objective
+    bound = min(max(bound, trivial), objective)
+    return OracleResult(status, objective, bound, runtime, schedule, backend, T, stats)
+
+
+# --------------------------------------------------------------------------- start points
+
+
+def solution_from_schedule(problem: StepProblem, schedule: Schedule) -> OracleSolution:
+    """A simulated step schedule as an oracle solution (final runs; KV from start only,
+    so it stays feasible in the oracle's model, which charges less than rule 9)."""
+    if schedule.timing != "step":
+        raise ValueError("warm_start must be a step-model schedule")
+    index = {s.ref: v for v, s in enumerate(problem.stages)}
+    step = problem.step_s
+    starts = {index[r.ref]: round(r.start / step) for r in schedule.completed().values()}
+    residency = [
+        (p.agent, round(p.load_start / step), round(p.end / step)) for p in schedule.prefixes
+    ]
+    return normalize(problem, OracleSolution(starts, residency))
+
+
+def serial_solution(problem: StepProblem) -> OracleSolution:
+    """One stage at a time in (release, topological) order, each with its own load: always
+    feasible since every stage fits with its prefix (validation)."""
+    t = 0
+    starts: dict[int, int] = {}
+    residency = []
+    order = sorted(
+        range(len(problem.stages)),
+        key=lambda v: (
+            problem.releases[problem.stages[v].task],
+            problem.stages[v].task,
+            problem.stages[v].head,
+            v,
+        ),
+    )
+    for v in order:
+        s = problem.stages[v]
+        load = max(t, problem.releases[s.task] - problem.load[s.agent], 0)
+        start = max(load + problem.load[s.agent], problem.releases[s.task])
+        starts[v] = start
+        t = start + s.duration
+        residency.append((s.agent, load, t))
+    return OracleSolution(starts, residency)
+
+
+def objective_of(problem: StepProblem, sol: OracleSolution) -> int:
+    """Sum of JCTs in steps, by plain arithmetic."""
+    total = 0
+    for j, ids in enumerate(problem.task_stages):
+        end = max(sol.starts[v] + problem.stages[v].duration for v in ids)
+        total += end - problem.releases[j]
+    return total
+
+
+def normalize(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
+    """Drop residency intervals no stage uses and end each at its last use: the same
+    objective, never more memory."""
+    uses: dict[int, int] = {}
+    for v, start in sol.starts.items():
+        s = problem.stages[v]
+        for k, (agent, load, end) in enumerate(sol.residency):
+            if (
+                agent == s.agent
+                and load + problem.load[agent] <= start
+                and start + s.duration <= end
+            ):
+                uses[k] = max(uses.get(k, 0), start + s.duration)
+                break
+        else:
+            raise OracleError(
+                f"stage {s.ref} starts at {start} outside every residency of {s.agent}"
+            )
+    kept = [(a, load, uses[k]) for k, (a, load, _) in enumerate(sol.residency) if k in uses]
+    return OracleSolution(dict(sol.starts), sorted(kept, key=lambda x: (x[1], x[0])))
+
+
+# --------------------------------------------------------------------------- the MILP
+
+
+@dataclass
+class TimeIndexedModel:
+    """Variables of the time-indexed MILP over steps ``0..T-1``.
+
+    ``x[v][t]``: stage v starts at step t; ``h[a][t]``: prefix a is held (loading or
+    resident) at t; ``z[a][t]``: a load of a starts at t; ``u[a][t]``: a is resident
+    (usable) at t; ``C[j]``: completion step of task j.
+    """
+
+    problem: StepProblem
+    T: int
+    lp: pulp.LpProblem
+    x: dict[int, dict[int, pulp.LpVariable]]
+    h: dict[str, list[pulp.LpVariable]]
+    z: dict[str, list[pulp.LpVariable]]
+    u: dict[str, list[pulp.LpVariable]]
+    C: list[pulp.LpVariable]
+
+    def running(self, v: int, t: int) -> pulp.LpAffineExpression:
+        """1 if stage v runs at step t: it started in ``(t - d_v, t]``."""
+        d = self.problem.stages[v].duration
+        return pulp.lpSum(var for tau, var in self.x[v].items() if t - d < tau <= t)
+
+
+def build_milp(problem: StepProblem, T: int, upper_bound: int | None = None) -> TimeIndexedModel:
+    lp = pulp.LpProblem("topas_step_oracle", pulp.LpMinimize)
+    x = _start_variables(problem, T)
+    agents = problem.used_agents()
+    h = {a: [pulp.LpVariable(f"h_{a}_{t}", cat="Binary") for t in range(T)] for a in agents}
+    z = {a: [pulp.LpVariable(f"z_{a}_{t}", cat="Binary") for t in range(T)] for a in agents}
+    u = {a: [pulp.LpVariable(f"u_{a}_{t}", cat="Binary") for t in range(T)] for a in agents}
+    C = [
+        pulp.LpVariable(f"C_{j}", lowBound=0, upBound=T, cat="Integer")
+        for j in range(len(problem.releases))
+    ]
+    m = TimeIndexedModel(problem, T, lp, x, h, z, u, C)
+    _objective(m, upper_bound)
+    _assignment(m)
+    _precedence(m)
+    _completion(m)
+    _prefix_lifecycle(m)
+    _prefix_resident_while_running(m)
+    _kv_capacity(m)
+    _max_running(m)
+    return m
+
+
+def _start_variables(problem: StepProblem, T: int) -> dict[int, dict[int, pulp.LpVariable]]:
+    """Start windows: earliest start from release and critical path, latest from the
+    horizon minus the stage's tail (it and the chain after it must end by T)."""
+    x = {}
+    for v, s in enumerate(problem.stages):
+        lo, hi = problem.earliest_start(v), T - s.tail
+        if hi < lo:
+            raise OracleError(f"horizon {T} too short for stage {s.ref}")
+        x[v] = {t: pulp.LpVariable(f"x_{v}_{t}", cat="Binary") for t in range(lo, hi + 1)}
+    return x
+
+
+def _objective(m: TimeIndexedModel, upper_bound: int | None) -> None:
+    """min sum_j (C_j - r_j); optionally <= a known feasible objective."""
+    obj = pulp.lpSum(m.C) - sum(m.problem.releases)
+    m.lp += obj
+    if upper_bound is not None:
+        m.lp += obj <= upper_bound, "upper_bound"
+    for j, lb in enumerate(m.problem.task_lower_bound(j) for j in range(len(m.C))):
+        m.lp += m.C[j] >= m.problem.releases[j] + lb, f"task_bound_{j}"
+
+
+def _assignment(m: TimeIndexedModel) -> None:
+    """Every stage starts exactly once."""
+    for v, xs in m.x.items():
+        m.lp += pulp.lpSum(xs.values()) == 1, f"assign_{v}"
+
+
+def _precedence(m: TimeIndexedModel) -> None:
+    """Rule 4, disaggregated: v can have started by t only if each dep d started by t - d_d."""
+    for v, s in enumerate(m.problem.stages):
+        for d in s.deps:
+            dd = m.problem.stages[d].duration
+            for t in m.x[v]:
+                m.lp += (
+                    pulp.lpSum(var for tau, var in m.x[v].items() if tau <= t)
+                    <= pulp.lpSum(var for tau, var in m.x[d].items() if tau <= t - dd),
+                    f"prec_{d}_{v}_{t}",
+                )
+
+
+def _completion(m: TimeIndexedModel) -> None:
+    """C_j >= S_v + d_v for the sinks of task j (every other stage ends before a sink)."""
+    for v, s in enumerate(m.problem.stages):
+        if any(v in m.problem.stages[w].deps for w in m.problem.task_stages[s.task]):
+            continue
+        m.lp += (
+            m.C[s.task] >= pulp.lpSum((t + s.duration) * var for t, var in m.x[v].items()),
+            f"completion_{v}",
+        )
+
+
+def _prefix_lifecycle(m: TimeIndexedModel) -> None:
+    """Rules 3 and 5: a prefix becomes held only by a load, which starts when it is absent
+    and cannot be evicted while loading; it is resident l_a steps after the load start,
+    and stays resident only while held."""
+    p = m.problem
+    for a in m.h:
+        h, z, u, la = m.h[a], m.z[a], m.u[a], p.load[a]
+        for t in range(m.T):
+            prev_h = h[t - 1] if t else 0
+            prev_u = u[t - 1] if t else 0
+            m.lp += h[t] <= prev_h + z[t], f"held_needs_load_{a}_{t}"
+            m.lp += z[t] <= 1 - prev_h, f"load_when_absent_{a}_{t}"
+            m.lp += u[t] <= h[t], f"resident_is_held_{a}_{t}"
+            m.lp += u[t] <= prev_u + (z[t - la] if t >= la else 0), f"resident_after_load_{a}_{t}"
+            for k in range(la):  # held from its start L through L + l_a - 1 at least
+                if t + k < m.T:
+                    m.lp += z[t] <= h[t + k], f"no_evict_loading_{a}_{t}_{k}"
+
+
+def _prefix_resident_while_running(m: TimeIndexedModel) -> None:
+    """Rule 4: a stage's prefix is resident at every step it runs."""
+    for v, s in enumerate(m.problem.stages):
+        first = min(m.x[v])
+        last = max(m.x[v]) + s.duration - 1
+        for t in range(first, min(last, m.T - 1) + 1):
+            m.lp += m.running(v, t) <= m.u[s.agent][t], f"resident_{v}_{t}"
+
+
+def _kv_capacity(m: TimeIndexedModel) -> None:
+    """Rule 6: held prefixes plus running stages fit in the KV budget at every step."""
+    p = m.problem
+    for t in range(m.T):
+        m.lp += (
+            pulp.lpSum(p.prefix[a] * m.h[a][t] for a in m.h)
+            + pulp.lpSum(s.kv * m.running(v, t) for v, s in enumerate(p.stages))
+            <= p.capacity,
+            f"kv_{t}",
+        )
+
+
+def _max_running(m: TimeIndexedModel) -> None:
+    """Rule 6: at most B stages run at a step (loads do not count)."""
+    if m.problem.max_running is None:
+        return
+    for t in range(m.T):
+        m.lp += (
+            pulp.lpSum(m.running(v, t) for v in range(len(m.problem.stages)))
+            <= m.problem.max_running,
+            f"slots_{t}",
+        )
+
+
+def _set_hint(m: TimeIndexedModel, hint: OracleSolution) -> None:
+    """MIP start from a feasible solution (CBC reads it with warmStart)."""
+    for v, xs in m.x.items():
+        for t, var in xs.items():
+            var.setInitialValue(1 if hint.starts[v] == t else 0)
+    for a in m.h:
+        held = [0] * m.T
+        starts = [0] * m.T
+        ready = [0] * m.T
+        for agent, load, end in hint.residency:
+            if agent != a:
+                continue
+            starts[load] = 1
+            for t in range(load, min(end, m.T)):
+                held[t] = 1
+                ready[t] = 1 if t >= load + m.problem.load[a] else 0
+        for t in range(m.T):
+            m.h[a][t].setInitialValue(held[t])
+            m.z[a][t].setInitialValue(starts[t])
+            m.u[a][t].setInitialValue(ready[t])
+    for j, ids in enumerate(m.problem.task_stages):
+        m.C[j].setInitialValue(max(hint.starts[v] + m.problem.stages[v].duration for v in ids))
+
+
+def extract(m: TimeIndexedModel) -> OracleSolution:
+    starts = {
+        v: next(t for t, var in xs.items() if (var.value() or 0) > 0.5) for v, xs in m.x.items()
+    }
+    residency = []
+    for a, h in m.h.items():
+        t = 0
+        while t < m.T:
+            if (h[t].value() or 0) > 0.5:
+                s = t
+                while t < m.T and (h[t].value() or 0) > 0.5:
+                    t += 1
+                residency.append((a, s, t))
+            else:
+                t += 1
+    return OracleSolution(starts, residency)
+
+
+def solve_milp(
+    problem: StepProblem,
+    T: int,
+    backend: str,
+    time_limit: float,
+    threads: int,
+    upper_bound: int | None,
+    hint: OracleSolution | None,
+    log: bool = False,
+) -> tuple[str, OracleSolution | None, int, dict]:
+    """Build and solve the time-indexed MILP with CBC or HiGHS.
+
+    Returns (status, solution or None, proven lower bound, stats).
+    """
+    t0 = time.perf_counter()
+    m = build_milp(problem, T, upper_bound)
+    stats: dict = {
+        "variables": len(m.lp.variables()),
+        "constraints": len(m.lp.constraints),
+        "build_s": time.perf_counter() - t0,
+    }
+    if backend == "cbc":
+        status, bound = _run_cbc(m, time_limit, threads, hint, log)
+    else:
+        status, bound = _run_highs(m, time_limit, threads, log)
+    stats["solver_status"] = status
+    if status == "infeasible":
+        raise OracleError(
+            f"{backend} reports the step model infeasible for {problem.instance.name!r}: a "
+            "validated instance always has a serial schedule, so the formulation is wrong"
+        )
+    if status in ("optimal", "feasible"):
+        sol = extract(m)
+        return status, sol, math.ceil(bound - 1e-6), stats
+    return "timeout", None, math.ceil(bound - 1e-6), stats
+
+
+def _run_cbc(m, time_limit, threads, hint, log) -> tuple[str, float]:  # type: ignore[no-untyped-def]
+    if hint is not None:
+        _set_hint(m, hint)
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "cbc.log"
+        solver = pulp.PULP_CBC_CMD(
+            msg=False,
+            timeLimit=max(1, math.ceil(time_limit)),
+            threads=threads,
+            warmStart=hint is not None,
+            logPath=str(log_path),
+            keepFiles=False,
+        )
+        m.lp.solve(solver)
+        text = log_path.read_text() if log_path.exists() else ""
+    if log:
+        print(text)
+    return _cbc_status(m.lp, text)
+
+
+def _cbc_status(lp: pulp.LpProblem, text: str) -> tuple[str, float]:
+    """The real CBC outcome from its log: PuLP calls a time-limited run 'Optimal'."""
+    result = re.search(r"Result - (.*)", text)
+    result_line = result.group(1).lower() if result else ""
+    objective = pulp.value(lp.objective)
+    bound_match = re.search(r"Lower bound:\s*(-?[\d.eE+-]+)", text)
+    bound = float(bound_match.group(1)) if bound_match else -math.inf
+    if "infeasible" in result_line:
+        return "infeasible", -math.inf
+    if "optimal solution found" in result_line:
+        return "optimal", float(objective)
+    has_solution = lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if has_solution and objective is not None:
+        return "feasible", bound if bound > -math.inf else 0.0
+    return "timeout", bound if bound > -math.inf else 0.0
+
+
+def _run_highs(m, time_limit, threads, log) -> tuple[str, float]:  # type: ignore[no-untyped-def]
+    solver = pulp.HiGHS(msg=log, timeLimit=float(time_limit), threads=threads)
+    m.lp.solve(solver)
+    h = m.lp.solverModel
+    status = h.getModelStatus()
+    info = h.getInfo()
+    name = h.modelStatusToString(status).lower()
+    bound = float(info.mip_dual_bound)
+    if "infeasible" in name:
+        return "infeasible", -math.inf
+    if name == "optimal":
+        return "optimal", float(info.objective_function_value)
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if has_solution:
+        return "feasible", bound if math.isfinite(bound) else 0.0
+    return "timeout", bound if math.isfinite(bound) else 0.0

@@ -1,0 +1,76 @@
+"""Replay of a fixed step-model schedule, such as the oracle's.
+
+The certificate that the oracle and the simulator implement the same model: the
+oracle's schedule, replayed by this policy in the step engine, must give exactly the
+oracle's objective. The policy loads, evicts and admits at the recorded steps and asks
+to be woken at the next recorded action (DESIGN rule 12).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from topas.instance import StageRef
+from topas.policies.base import Policy, PolicyContext
+from topas.schedule import PrefixInterval, StageRun
+from topas.state import Decision, State
+from topas.timing import step_seconds
+
+
+@dataclass
+class Replay(Policy):
+    """Admit, load and evict exactly as a recorded step schedule did.
+
+    ``file``: a ``topas-result/1`` file that carries a ``schedule`` (``topas oracle``
+    writes one; ``topas simulate --with-schedule`` too). In Python, build it with
+    :meth:`of` from a :class:`~topas.schedule.Schedule`.
+    """
+
+    file: str = ""
+    runs: list[StageRun] = field(default_factory=list, repr=False, init=False)
+    prefixes: list[PrefixInterval] = field(default_factory=list, repr=False, init=False)
+    name = "replay"
+    event_driven = False
+
+    @classmethod
+    def of(cls, schedule) -> Replay:  # type: ignore[no-untyped-def]
+        policy = cls()
+        policy.runs = list(schedule.completed().values())
+        policy.prefixes = list(schedule.prefixes)
+        return policy
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        if self.file and not self.runs:
+            self._read(self.file)
+        step = step_seconds(ctx.server)
+        self._admit: dict[int, list[StageRef]] = defaultdict(list)
+        self._load: dict[int, list[str]] = defaultdict(list)
+        self._evict: dict[int, list[str]] = defaultdict(list)
+        for r in sorted(self.runs, key=lambda r: (r.start, r.task, r.stage)):
+            self._admit[round(r.start / step)].append(r.ref)
+        for p in self.prefixes:
+            self._load[round(p.load_start / step)].append(p.agent)
+            self._evict[round(p.end / step)].append(p.agent)
+        self._steps = sorted(set(self._admit) | set(self._load) | set(self._evict))
+        self._step_s = step
+
+    def _read(self, path: str) -> None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+            sched = doc["schedule"]
+            self.runs = [StageRun(**r) for r in sched["runs"] if not r.get("preempted")]
+            self.prefixes = [PrefixInterval(**p) for p in sched["prefixes"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"replay: {path}: not a result file with a schedule ({e})") from None
+
+    def decide(self, state: State) -> Decision:
+        t = round(state.time / self._step_s)
+        evict = tuple(a for a in self._evict.get(t, ()) if state.prefixes[a].evictable)
+        admit = tuple(r for r in self._admit.get(t, ()) if r in state.waiting)
+        later = [s for s in self._steps if s > t]
+        wake = later[0] * self._step_s if later else None
+        return Decision(evict=evict, load=tuple(self._load.get(t, ())), admit=admit, wake_at=wake)
