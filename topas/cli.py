@@ -17,8 +17,8 @@ from typing import Any
 
 from topas.instance import Instance, InstanceError, load_instance, save_instance, write_text_atomic
 from topas.policies import BASELINES, PolicySpecError, available, make_policy
-from topas.results import result_document, write_result
-from topas.schedule import Metrics, evaluate
+from topas.results import package_version, result_document, write_result
+from topas.schedule import Metrics, Schedule, evaluate
 from topas.simulator import SimulationError, simulate
 from topas.timing import TIMING_MODES
 
@@ -112,6 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--csv", help="also write the table as CSV")
     c.set_defaults(func=cmd_compare)
 
+    o = sub.add_parser("oracle", help="solve a small instance exactly in the step model")
+    o.add_argument("instance")
+    o.add_argument("--backend", choices=("cpsat", "cbc", "highs"), default="cpsat")
+    o.add_argument("--time-limit", type=float, default=60.0, help="seconds (default 60)")
+    o.add_argument("--threads", type=int, default=2)
+    o.add_argument("--out", required=True, help="result file to write (with the schedule)")
+    o.set_defaults(func=cmd_oracle)
+
+    gp = sub.add_parser("gap", help="optimality gaps of policies on small generated DAGs")
+    gp.add_argument("--instances", type=int, default=5, help="instances per family and size")
+    gp.add_argument("--families", default="chain,fanout,mixed,metagpt-sop,metagpt-tl")
+    gp.add_argument("--tasks", default="2,3,4", help="task counts (sizes) to generate")
+    gp.add_argument("--policies", default=None, help="specs (default: every registered one)")
+    gp.add_argument("--backend", choices=("cpsat", "cbc", "highs"), default="cpsat")
+    gp.add_argument("--time-limit", type=float, default=30.0, help="per instance, seconds")
+    gp.add_argument("--seed", type=int, default=0)
+    gp.add_argument("--jobs", type=int, default=1, help="instances solved in parallel")
+    gp.add_argument("--out", default="results/gap", help="output folder")
+    gp.add_argument("--no-progress", action="store_true")
+    gp.set_defaults(func=cmd_gap)
+
     d = sub.add_parser("demo", help="compare the baselines on a built-in default workload")
     d.add_argument("--workload", default="metagpt-sop")
     d.add_argument("--tasks", type=int, default=200)
@@ -199,6 +220,100 @@ def cmd_compare(args: argparse.Namespace) -> None:
     if args.csv:
         write_text_atomic(args.csv, format_csv(rows))
     print(table)
+
+
+def cmd_oracle(args: argparse.Namespace) -> None:
+    from topas.oracle_milp import solve
+
+    inst = load_instance(args.instance)
+    if args.time_limit < 0:
+        raise CliError("--time-limit: must be >= 0")
+    warm = best_step_schedule(inst)
+    result = solve(
+        inst,
+        backend=args.backend,
+        time_limit=args.time_limit,
+        threads=args.threads,
+        warm_start=warm,
+    )
+    write_result(oracle_document(inst, result), args.out)
+    bound = f"lower bound {result.lower_bound}"
+    if result.objective is None:
+        print(
+            f"oracle ({args.backend}): {result.status} after {result.runtime:.1f} s, "
+            f"no schedule; {bound} steps"
+        )
+        return
+    print(
+        f"oracle ({args.backend}): {result.status}, sum of JCTs {result.objective} steps, "
+        f"{bound}, {result.runtime:.2f} s (clairvoyant: knows every arrival and length)"
+    )
+
+
+def best_step_schedule(inst: Instance) -> Schedule:
+    """The best baseline's step-model schedule: the oracle's warm start and horizon."""
+    best = None
+    for spec in BASELINES:
+        sched = simulate(inst, make_policy(spec), timing="step")
+        obj = evaluate(sched).objective_steps
+        if best is None or obj < best[0]:
+            best = (obj, sched)
+    assert best is not None
+    return best[1]
+
+
+def oracle_document(inst: Instance, result: Any) -> dict[str, Any]:
+    """A topas-result/1 document for an oracle run (with its schedule)."""
+    extra = {
+        "status": result.status,
+        "objective": result.objective,
+        "lower_bound": result.lower_bound,
+        "runtime_s": result.runtime,
+        "backend": result.backend,
+        "horizon": result.horizon,
+    }
+    spec = f"oracle:{result.backend}"
+    if result.schedule is None:
+        return {
+            "format": "topas-result/1",
+            "instance": {"name": inst.name, "hash": inst.content_hash},
+            "policy": spec,
+            "seed": 0,
+            "timing": "step",
+            "version": package_version(),
+            "summary": None,
+            "jct": {},
+            **extra,
+        }
+    metrics = evaluate(result.schedule)
+    return result_document(
+        inst,
+        result.schedule,
+        metrics,
+        spec,
+        0,
+        "step",
+        result.runtime,
+        include_schedule=True,
+        extra=extra,
+    )
+
+
+def cmd_gap(args: argparse.Namespace) -> None:
+    from topas.gap import GapConfig, run_gap_study
+
+    config = GapConfig(
+        families=tuple(f for f in args.families.split(",") if f),
+        task_counts=tuple(int(n) for n in args.tasks.split(",") if n),
+        instances=args.instances,
+        policies=None if args.policies is None else tuple(p for p in args.policies.split(",") if p),
+        backend=args.backend,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        jobs=args.jobs,
+    )
+    summary = run_gap_study(config, args.out, progress=not args.no_progress)
+    print(summary)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

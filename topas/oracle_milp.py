@@ -24,6 +24,7 @@ import math
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -407,15 +408,17 @@ def _run_cbc(m, time_limit, threads, hint, log) -> tuple[str, float]:  # type: i
         _set_hint(m, hint)
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "cbc.log"
-        solver = pulp.PULP_CBC_CMD(
-            msg=False,
-            timeLimit=max(1, math.ceil(time_limit)),
-            threads=threads,
-            warmStart=hint is not None,
-            logPath=str(log_path),
-            keepFiles=False,
-        )
-        m.lp.solve(solver)
+        with warnings.catch_warnings():  # PuLP 3 deprecates the bundled-CBC class name
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = pulp.PULP_CBC_CMD(
+                msg=False,
+                timeLimit=max(1, math.ceil(time_limit)),
+                threads=threads,
+                warmStart=hint is not None,
+                logPath=str(log_path),
+                keepFiles=False,
+            )
+            m.lp.solve(solver)
         text = log_path.read_text() if log_path.exists() else ""
     if log:
         print(text)

@@ -290,10 +290,11 @@ class StepEngine(_Engine):
         st = self.state
         step_s = self.st_timing.step_s
         wake: int | None = None
+        first = True  # step 0 is always a scheduling point (a load may start before arrivals)
         while True:
             t = self.t
             st.time = t * step_s
-            event = False
+            event, first = first, False
             # Rule 7: completions, then releases ...
             while self.ends and self.ends[0][0] <= t:
                 end, _, ref = heapq.heappop(self.ends)

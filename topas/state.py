@@ -277,13 +277,19 @@ def apply_inplace(state: State, decision: Decision) -> list[StageRef]:
     if decision.admit or decision.load:
         if state.kv_committed > state.capacity:
             raise InfeasibleDecision(
-                f"decision needs {state.kv_committed} KV tokens, capacity is {state.capacity}"
+                f"decision needs {state.kv_committed} KV tokens, capacity is {state.capacity} "
+                f"(admitting {_names(decision.admit)}, loading {list(decision.load)})"
             )
     if state.max_running is not None and len(state.running) > state.max_running:
         raise InfeasibleDecision(
-            f"decision runs {len(state.running)} stages, max_running is {state.max_running}"
+            f"decision runs {len(state.running)} stages, max_running is {state.max_running} "
+            f"(admitting {_names(decision.admit)})"
         )
     return started
+
+
+def _names(refs: Sequence[StageRef]) -> str:
+    return "[" + ", ".join(f"{t}/{s}" for t, s in refs) + "]"
 
 
 def _prefix(state: State, agent: str) -> PrefixInfo:
@@ -342,6 +348,7 @@ def _preempt(state: State, ref: StageRef) -> None:
     run = state.running.get(ref)
     if run is None:
         raise InfeasibleDecision(f"preempt {ref[0]}/{ref[1]}: stage is not running")
+    state.generated[ref] = max(state.generated.get(ref, 0), run.generated)  # kept for re-prefill
     release_stage(state, ref)
     _enqueue(state, ref)
     _touch(state, ref[0])
@@ -486,12 +493,13 @@ class Planner:
         """Admit ``ref`` if it fits, evicting on demand. Returns whether it was admitted."""
         if self.free_slots < 1:
             return False
+        order = None if evict_order is None else list(evict_order)  # read it twice below
         agent = self.state.agent_of(ref)
         cost = self.cost(ref)
         if cost > self.free_kv:
-            if cost > self.free_kv + self._evictable_tokens(agent, evict_order):
+            if cost > self.free_kv + self._evictable_tokens(agent, order):
                 return False
-            for victim in self.evictable(None if evict_order is None else list(evict_order)):
+            for victim in self.evictable(order):
                 if cost <= self.free_kv:
                     break
                 if victim != agent:

@@ -133,12 +133,27 @@ def _parse_params(cls: type[Policy], params: str, spec: str) -> dict[str, Any]:
     return out
 
 
+_SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _field_kind(field: dataclasses.Field) -> type:
+    """The scalar type of a parameter: ``int``, ``float``, ``bool`` or ``str``; for a union
+    such as ``int | None`` (or ``Optional[int]``) its first scalar member."""
+    if isinstance(field.type, type):
+        return field.type
+    text = str(field.type).replace("Optional[", "").replace("]", "")
+    for part in text.replace(",", "|").split("|"):
+        kind = _SCALARS.get(part.strip().split(".")[-1])
+        if kind is not None:
+            return kind
+    args = getattr(field.type, "__args__", ())
+    return next((a for a in args if a in _SCALARS.values()), str)
+
+
 def _convert(field: dataclasses.Field, value: str, spec: str) -> Any:
-    kind = (
-        field.type
-        if isinstance(field.type, type)
-        else {"bool": bool, "int": int, "float": float, "str": str}.get(str(field.type), str)
-    )
+    kind = _field_kind(field)
+    if value.lower() == "none" and "None" in str(field.type):
+        return None
     try:
         if kind is bool:
             if value.lower() in ("1", "true", "yes", "on"):

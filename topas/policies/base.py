@@ -87,6 +87,10 @@ class WaitingQueue:
     A key must not change while its stage waits. New arrivals are found from the end
     of ``State.waiting`` by their stamps, and stages that left the queue are dropped
     lazily, so a decision costs O((new + admitted) log n), not a sort of all n.
+
+    A queue follows one state forward in time (the engine's): entries that are stale
+    in the state it is given are dropped, so it must not be fed hypothetical states
+    (a copy after ``apply``) and then the original.
     """
 
     def __init__(self, key: Callable[[State, StageRef], Any]) -> None:

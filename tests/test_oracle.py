@@ -1,0 +1,137 @@
+"""The exact oracle: hand-solved optima, backend agreement, certificates, statuses.
+
+All instances use the step model with step_s = 1 and chunk 10, so ``d = ceil(in/10) + out``
+and a recompute load of ``p`` tokens takes ``ceil(p/10)`` steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from conftest import make, stage, task
+from test_step_model import CHAIN, TRADEOFF
+
+from topas.oracle_common import OracleError, StepProblem
+from topas.oracle_milp import serial_solution, solve
+from topas.policies import BASELINES, make_policy
+from topas.policies.replay import Replay
+from topas.schedule import evaluate
+from topas.simulator import simulate
+from topas.verify import verify_step
+from topas.workloads import small_instance
+
+BACKENDS = ["cbc", "highs"] + (["cpsat"] if importlib.util.find_spec("topas.oracle_cpsat") else [])
+
+# Early load: the task arrives at step 5; its prefix (40 tokens) loads in 4 steps. The
+# clairvoyant optimum starts the load at 1, so the stage (in 5, out 3: d = 4) runs 5..8
+# and ends at 9: JCT 4. An online policy only sees the task at 5: JCT 4 + 4 = 8.
+EARLY = dict(agents={"a": 40}, tasks=[task("t0", 5, stage("s", "a", 5, 3))], capacity=100)
+
+# Tight memory (the trade-off instance with M = 40: one prefix and one stage at a time).
+# t0: load a 0..2, runs 3..8 (JCT 9); t2 (same agent) next, 9..14 (JCT 15 - 2 = 13);
+# then t1: load b 15..17, runs 18..23 (JCT 24 - 1 = 23): 45. Serving t1 before t2 gives
+# 9 + 17 + 25 = 51, and t1 first (b prefetched before its arrival) 8 + 18 + 22 = 48.
+TIGHT = dict(TRADEOFF, capacity=40)
+
+HAND = [
+    # (name, instance parts, optimum) -- see the comments above and in test_step_model.py
+    ("tradeoff", TRADEOFF, 33),  # LPM's order is optimal here: a kept for t2, b after
+    ("chain", CHAIN, 10),  # b loads during s1: 2 + 4 + 4
+    ("early", EARLY, 4),
+    ("tight", TIGHT, 45),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("name", "parts", "optimum"), HAND, ids=[h[0] for h in HAND])
+def test_hand_solved(backend, name, parts, optimum):
+    inst = make(**parts)
+    r = solve(inst, backend=backend, time_limit=30)
+    assert r.status == "optimal"
+    assert r.objective == optimum == r.lower_bound
+    verify_step(r.schedule)
+    assert evaluate(r.schedule).objective_steps == optimum
+
+
+@pytest.mark.parametrize(("name", "parts", "optimum"), HAND, ids=[h[0] for h in HAND])
+def test_certificate_replay(name, parts, optimum):
+    """The oracle's schedule, replayed in the simulator, gives exactly its objective."""
+    inst = make(**parts)
+    r = solve(inst, backend="cbc", time_limit=30)
+    replay = simulate(inst, Replay.of(r.schedule), timing="step", debug=True)
+    verify_step(replay)
+    assert evaluate(replay).objective_steps == r.objective == optimum
+
+
+@pytest.mark.parametrize(("name", "parts", "optimum"), HAND, ids=[h[0] for h in HAND])
+def test_every_policy_is_at_least_the_optimum(name, parts, optimum):
+    inst = make(**parts)
+    for spec in BASELINES:
+        assert evaluate(simulate(inst, make_policy(spec), timing="step")).objective_steps >= optimum
+
+
+def test_early_load_is_what_online_policies_cannot_do():
+    inst = make(**EARLY)
+    r = solve(inst, backend="cbc", time_limit=30)
+    load = r.schedule.prefixes[0]
+    assert (load.load_start, load.resident_from) == (1.0, 5.0)
+    assert evaluate(simulate(inst, make_policy("fcfs"), timing="step")).objective_steps == 8
+
+
+@pytest.mark.parametrize("family", ["chain", "fanout", "metagpt-sop"])
+def test_backends_agree_and_replay(family):
+    inst = small_instance(family, seed=3, num_tasks=2)
+    results = {b: solve(inst, backend=b, time_limit=30) for b in BACKENDS}
+    proven = {b: r.objective for b, r in results.items() if r.status == "optimal"}
+    assert len(set(proven.values())) <= 1, proven
+    for r in results.values():
+        if r.schedule is not None:
+            assert r.lower_bound <= r.objective
+            replay = simulate(inst, Replay.of(r.schedule), timing="step")
+            assert evaluate(replay).objective_steps == r.objective
+        if proven:
+            opt = next(iter(proven.values()))
+            assert r.lower_bound <= opt
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_time_limit_is_a_timeout(backend):
+    inst = make(**TRADEOFF)
+    r = solve(inst, backend=backend, time_limit=0)
+    assert r.status == "timeout" and r.objective is None and r.schedule is None
+    assert r.lower_bound == StepProblem.of(inst).lower_bound()
+
+
+def test_too_large_for_the_time_limit_is_not_claimed_optimal():
+    inst = small_instance("mixed", seed=1, num_tasks=6)
+    r = solve(inst, backend="cbc", time_limit=1)
+    assert r.status in ("feasible", "timeout", "optimal")
+    if r.status != "optimal":
+        assert r.objective is None or r.lower_bound < r.objective
+    if r.objective is not None:
+        assert r.lower_bound <= r.objective
+
+
+def test_solver_infeasible_is_an_error(monkeypatch):
+    import topas.oracle_milp as om
+
+    monkeypatch.setattr(om, "_cbc_status", lambda lp, text: ("infeasible", float("-inf")))
+    with pytest.raises(OracleError, match="formulation is wrong"):
+        solve(make(**CHAIN), backend="cbc", time_limit=10)
+
+
+def test_serial_solution_is_feasible_and_bounds_the_optimum():
+    inst = make(**TRADEOFF)
+    problem = StepProblem.of(inst)
+    from topas.oracle_common import to_schedule
+    from topas.oracle_milp import normalize
+
+    sched = to_schedule(problem, normalize(problem, serial_solution(problem)))
+    verify_step(sched)
+    assert evaluate(sched).objective_steps >= 33
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown oracle backend"):
+        solve(make(**CHAIN), backend="gurobi")
