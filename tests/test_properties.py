@@ -13,13 +13,16 @@ import pytest
 from conftest import random_instances
 from hypothesis import given
 
-from topas.policies import BASELINES, make_policy
+from topas.policies import REGISTRY, make_policy
 from topas.schedule import evaluate
 from topas.simulator import simulate
 from topas.timing import StepTiming
 from topas.verify import verify_step
 
 TOL = 1e-9
+
+# every registered policy that decides on its own (replay needs a recorded schedule)
+POLICIES = sorted(name for name in REGISTRY if name != "replay")
 
 
 def check_schedule(inst, sched) -> None:
@@ -39,7 +42,7 @@ def check_schedule(inst, sched) -> None:
     assert sched.peak_kv_tokens <= inst.server.kv_capacity_tokens
 
 
-@pytest.mark.parametrize("spec", BASELINES)
+@pytest.mark.parametrize("spec", POLICIES)
 @given(inst=random_instances())
 def test_step_invariants(spec, inst):
     sched = simulate(inst, make_policy(spec), timing="step", debug=True)
@@ -58,7 +61,7 @@ def test_step_invariants(spec, inst):
         assert m.jct[t.id] >= max(longest.values()) * st.step_s - TOL
 
 
-@pytest.mark.parametrize("spec", BASELINES)
+@pytest.mark.parametrize("spec", POLICIES)
 @given(inst=random_instances())
 def test_calibrated_invariants(spec, inst):
     sched = simulate(inst, make_policy(spec), timing="calibrated", debug=True)
@@ -68,7 +71,7 @@ def test_calibrated_invariants(spec, inst):
 @pytest.mark.parametrize("timing", ["step", "calibrated"])
 @given(inst=random_instances(max_tasks=3))
 def test_same_seed_same_result(timing, inst):
-    for spec in BASELINES:
+    for spec in POLICIES:
         a = simulate(inst, make_policy(spec), timing=timing, seed=7)
         b = simulate(inst, make_policy(spec), timing=timing, seed=7)
         assert a.runs == b.runs and a.prefixes == b.prefixes

@@ -16,6 +16,7 @@ from typing import Any
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LPM, KVFlow
 from topas.policies.replay import Replay
+from topas.heuristic import TOPAS  # noqa: E402  (after base: the heuristic builds on it)
 
 REGISTRY: dict[str, type[Policy]] = {
     "fcfs": FCFS,
@@ -24,6 +25,7 @@ REGISTRY: dict[str, type[Policy]] = {
     "atlas": ATLAS,
     "kvflow": KVFlow,
     "replay": Replay,  # replays a recorded schedule: replay:file=RESULT.json
+    "topas": TOPAS,
 }
 
 BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow")
