@@ -354,7 +354,7 @@ def _add_search(m: Model) -> None:
     """Branch on stage starts, earliest first, smallest value first."""
     order = sorted(range(len(m.S)), key=lambda v: (m.es[v], v))
     m.cp.add_decision_strategy(
-        [m.S[v] for v in order], cp_model.CHOOSE_MIN_DOMAIN_MIN, cp_model.SELECT_MIN_VALUE
+        [m.S[v] for v in order], cp_model.CHOOSE_LOWEST_MIN, cp_model.SELECT_MIN_VALUE
     )
 
 

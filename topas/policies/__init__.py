@@ -13,10 +13,10 @@ import importlib.util
 from importlib.metadata import entry_points
 from typing import Any
 
+from topas.heuristic import TOPAS
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LPM, KVFlow
 from topas.policies.replay import Replay
-from topas.heuristic import TOPAS  # noqa: E402  (after base: the heuristic builds on it)
 
 REGISTRY: dict[str, type[Policy]] = {
     "fcfs": FCFS,
