@@ -89,7 +89,9 @@ class _Engine:
         self.policy = policy
         self.debug = debug
         self.progress = progress
-        self.predicted = predicted or {}
+        self.predicted_by_task: dict[str, dict[str, int]] = {}
+        for (tid, sid), n in (predicted or {}).items():
+            self.predicted_by_task.setdefault(tid, {})[sid] = n
         self.state = State.initial(instance, self.kv_need)
         self.schedule = Schedule(instance=instance, timing=self.timing)
         self.admitted_at: dict[StageRef, tuple[float, bool]] = {}  # admit time, prefix hit
@@ -111,8 +113,7 @@ class _Engine:
 
     def task_info(self, i: int, release: float) -> TaskInfo:
         task = self.inst.tasks[i]
-        pred = {sid: n for (tid, sid), n in self.predicted.items() if tid == task.id}
-        return TaskInfo.of(task, release, pred or None)
+        return TaskInfo.of(task, release, self.predicted_by_task.get(task.id))
 
     def consult(self) -> Decision:
         t0 = wallclock.perf_counter()
