@@ -257,7 +257,7 @@ class TOPAS(Policy):
         for agent, value in ranked:
             if plan.status(agent) != PrefixStatus.ABSENT:
                 continue
-            if self.reuse * value > self.move * self._load(state, agent) * 2.0:
+            if self.reuse * value >= self.move * self._load(state, agent) * 0.5:
                 plan.do_load(agent)
 
     # ------------------------------------------------------------------ retraction
