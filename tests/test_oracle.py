@@ -135,3 +135,30 @@ def test_serial_solution_is_feasible_and_bounds_the_optimum():
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown oracle backend"):
         solve(make(**CHAIN), backend="gurobi")
+
+
+def test_cbc_bound_includes_the_objective_constant():
+    """The solver never sees the objective's constant (-sum of releases); a time-limited
+    run's bound must have it added back, or the bound overstates the optimum."""
+    import pulp
+
+    from topas.oracle_milp import _cbc_status
+
+    lp = pulp.LpProblem("t", pulp.LpMinimize)
+    x = pulp.LpVariable("x", lowBound=0)
+    lp += x - 5
+    log = "Result - Stopped on time limit\n\nObjective value: 10\nLower bound: 7.5\n"
+    status, bound = _cbc_status(lp, log)
+    assert bound == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+def test_time_limited_bounds_never_exceed_the_optimum(backend):
+    """Releases > 0 make the objective's constant matter (the bug this guards against)."""
+    inst = small_instance("mixed", seed=3001, num_tasks=3)
+    reference = solve(inst, backend="cpsat" if "cpsat" in BACKENDS else "cbc", time_limit=60)
+    assert reference.status == "optimal"
+    r = solve(inst, backend=backend, time_limit=1)
+    assert r.lower_bound <= reference.objective
+    if r.status == "optimal":
+        assert r.objective == reference.objective

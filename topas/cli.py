@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from topas.instance import Instance, InstanceError, load_instance, save_instance, write_text_atomic
-from topas.policies import BASELINES, PolicySpecError, available, make_policy
+from topas.policies import BASELINES, PolicySpecError, available, make_policy, split_specs
 from topas.results import package_version, result_document, write_result
 from topas.schedule import Metrics, Schedule, evaluate
 from topas.simulator import SimulationError, simulate
@@ -209,7 +209,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> None:
     inst = load_instance(args.instance)
-    specs = [s.strip() for s in args.policies.split(",") if s.strip()]
+    specs = split_specs(args.policies)
     if not specs:
         raise CliError("--policies: no policy given")
     for spec in specs:
@@ -306,7 +306,7 @@ def cmd_gap(args: argparse.Namespace) -> None:
         families=tuple(f for f in args.families.split(",") if f),
         task_counts=tuple(int(n) for n in args.tasks.split(",") if n),
         instances=args.instances,
-        policies=None if args.policies is None else tuple(p for p in args.policies.split(",") if p),
+        policies=None if args.policies is None else tuple(split_specs(args.policies)),
         backend=args.backend,
         time_limit=args.time_limit,
         seed=args.seed,

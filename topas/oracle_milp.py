@@ -433,7 +433,8 @@ def _cbc_status(lp: pulp.LpProblem, text: str) -> tuple[str, float]:
     result_line = result.group(1).lower() if result else ""
     objective = pulp.value(lp.objective)
     bound_match = re.search(r"Lower bound:\s*(-?[\d.eE+-]+)", text)
-    bound = float(bound_match.group(1)) if bound_match else -math.inf
+    # the solver never sees the objective's constant (-sum of releases): add it back
+    bound = float(bound_match.group(1)) + lp.objective.constant if bound_match else -math.inf
     if "infeasible" in result_line:
         return "infeasible", -math.inf
     if "optimal solution found" in result_line:
@@ -451,11 +452,11 @@ def _run_highs(m, time_limit, threads, log) -> tuple[str, float]:  # type: ignor
     status = h.getModelStatus()
     info = h.getInfo()
     name = h.modelStatusToString(status).lower()
-    bound = float(info.mip_dual_bound)
+    bound = float(info.mip_dual_bound) + m.lp.objective.constant  # the constant is not passed
     if "infeasible" in name:
         return "infeasible", -math.inf
     if name == "optimal":
-        return "optimal", float(info.objective_function_value)
+        return "optimal", float(info.objective_function_value) + m.lp.objective.constant
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
     if has_solution:
         return "feasible", bound if math.isfinite(bound) else 0.0

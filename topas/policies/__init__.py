@@ -40,6 +40,7 @@ __all__ = [
     "available",
     "make_policy",
     "register",
+    "split_specs",
 ]
 
 
@@ -168,3 +169,18 @@ def _convert(field: dataclasses.Field, value: str, spec: str) -> Any:
         raise PolicySpecError(
             f"policy spec {spec!r}: {field.name}={value!r} is not a valid {kind.__name__}"
         ) from None
+
+
+def split_specs(text: str) -> list[str]:
+    """Split a comma-separated list of policy specs, keeping a spec's own parameters:
+    ``"topas:reuse=0,aging=0,lpm"`` -> ``["topas:reuse=0,aging=0", "lpm"]`` (a piece with
+    ``=`` and no ``:`` continues the previous spec's parameters)."""
+    out: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if out and "=" in piece and ":" not in piece and ":" in out[-1]:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
