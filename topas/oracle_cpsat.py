@@ -184,6 +184,7 @@ class Model:
     es: list[int]  # earliest starts
     deadline: list[int]  # per task, latest completion C_j
     task_lb: list[int]  # per task, JCT lower bound
+    strengthen: bool = True  # add the valid strengthening (False: the plain formulation)
     cp: cp_model.CpModel = field(default_factory=cp_model.CpModel)
     S: list[cp_model.IntVar] = field(default_factory=list)  # stage starts
     stage_iv: list[cp_model.IntervalVar] = field(default_factory=list)
@@ -243,7 +244,7 @@ def _add_slots(m: Model) -> None:
     for a, vs in m.agent_stages().items():
         la = p.load[a]
         dmin = min(p.stages[v].duration for v in vs)
-        lo_l = max(0, min(m.es[v] for v in vs) - la)
+        lo_l = max(0, min(m.es[v] for v in vs) - la) if m.strengthen else 0
         hi_e = max(min(m.T, m.deadline[p.stages[v].task]) for v in vs)
         slots = []
         for k in range(len(vs)):
@@ -284,7 +285,9 @@ def _add_assignment(m: Model) -> None:
         members: dict[int, list[cp_model.IntVar]] = defaultdict(list)
         for v in vs:
             d = p.stages[v].duration
-            others = sum(1 for w in vs if w != v and w not in desc[v])
+            others = len(vs) - 1
+            if m.strengthen:
+                others = sum(1 for w in vs if w != v and w not in desc[v])
             row: dict[int, cp_model.IntVar] = {}
             for k, sl in enumerate(slots):
                 if k > others:
@@ -296,9 +299,12 @@ def _add_assignment(m: Model) -> None:
                 row[k] = x
                 members[k].append(x)
             m.cp.add_exactly_one(row.values())
-            y = m.cp.new_int_var(0, max(row), f"y[{v}]")
-            m.cp.add(y == sum(k * x for k, x in row.items()))
-            m.x[v], m.y[v] = row, y
+            m.x[v] = row
+            if m.strengthen:
+                m.y[v] = m.cp.new_int_var(0, max(row), f"y[{v}]")
+                m.cp.add(m.y[v] == sum(k * x for k, x in row.items()))
+        if not m.strengthen:
+            continue
         for k, sl in enumerate(slots):
             m.cp.add_bool_or(members[k]).only_enforce_if(sl.present)
         for v in vs:
@@ -350,25 +356,28 @@ def _add_objective(m: Model, upper_bound: int | None) -> None:
     m.cp.minimize(obj)
 
 
-def _add_search(m: Model) -> None:
-    """Branch on stage starts, earliest first, smallest value first."""
-    order = sorted(range(len(m.S)), key=lambda v: (m.es[v], v))
-    m.cp.add_decision_strategy(
-        [m.S[v] for v in order], cp_model.CHOOSE_LOWEST_MIN, cp_model.SELECT_MIN_VALUE
-    )
+def build_model(problem: StepProblem, upper_bound: int, strengthen: bool = True) -> Model:
+    """The whole model, for schedules of objective ``<= upper_bound`` (a proven bound).
 
-
-def build_model(
-    problem: StepProblem, upper_bound: int, search: bool = False, cap_upper: bool = True
-) -> Model:
-    """The whole model for solutions of objective ``<= upper_bound`` (a proven bound)."""
-    es = earliest_starts(problem)
-    lbs = task_lower_bounds(problem, es)
-    total = sum(lbs)
+    ``strengthen=False`` leaves out every valid strengthening (tight windows, per-task
+    bounds and deadlines, slot-index reasoning, symmetry breaking): the plain
+    formulation, kept to check that the strengthening never cuts off an optimum.
+    """
+    if strengthen:
+        es = earliest_starts(problem)
+        lbs = task_lower_bounds(problem, es)
+    else:
+        es = [problem.earliest_start(v) for v in range(len(problem.stages))]
+        lbs = [0] * len(problem.releases)
+    T = horizon(problem, upper_bound)
     # task j ends by r_j + UB - sum_{i != j} LB_i (the others take at least their bound)
-    deadline = [r + upper_bound - (total - lb) for r, lb in zip(problem.releases, lbs, strict=True)]
-    T = min(max(deadline), horizon(problem, upper_bound))
-    m = Model(problem=problem, T=T, es=es, deadline=deadline, task_lb=lbs)
+    total = sum(lbs)
+    deadline = [
+        min(T, r + upper_bound - (total - lb)) if strengthen else T
+        for r, lb in zip(problem.releases, lbs, strict=True)
+    ]
+    T = max(deadline)
+    m = Model(problem=problem, T=T, es=es, deadline=deadline, task_lb=lbs, strengthen=strengthen)
     _add_stages(m)
     _add_precedence(m)
     _add_completions(m)
@@ -377,10 +386,9 @@ def build_model(
     _add_assignment(m)
     _add_capacity(m)
     _add_max_running(m)
-    _add_identical_stage_order(m)
-    _add_objective(m, upper_bound if cap_upper else None)
-    if search:
-        _add_search(m)
+    if strengthen:
+        _add_identical_stage_order(m)
+    _add_objective(m, upper_bound)
     return m
 
 
@@ -441,7 +449,7 @@ def _add_hint(m: Model, sol: OracleSolution) -> None:
         k = slot_of.get(v, -1)
         for kk, x in m.x[v].items():
             m.cp.add_hint(x, kk == k)
-        if k >= 0:
+        if k >= 0 and v in m.y:
             m.cp.add_hint(m.y[v], k)
     for j, ids in enumerate(p.task_stages):
         m.cp.add_hint(m.C[j], max(sol.starts[v] + p.stages[v].duration for v in ids))
@@ -482,6 +490,9 @@ def _extract(m: Model, solver: cp_model.CpSolver) -> OracleSolution:
 
 _STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible"}
 
+DUAL_WORKERS = ("default_lp", "core")
+"""The two full CP-SAT subsolvers used when ``threads == 2``."""
+
 
 def solve_cpsat(
     problem: StepProblem,
@@ -491,8 +502,8 @@ def solve_cpsat(
     hint: OracleSolution | None = None,
     log: bool = False,
     *,
-    search: bool = False,
     params: dict | None = None,
+    strengthen: bool = True,
 ) -> tuple[str, OracleSolution | None, int, dict]:
     """Minimise the sum of JCTs (steps) of ``problem`` with CP-SAT.
 
@@ -503,6 +514,8 @@ def solve_cpsat(
     sets the horizon; without it the bound is the better of a valid ``hint`` and
     :func:`serial_solution`. ``hint`` is a feasible solution given to CP-SAT as a hint;
     if the solver finds nothing in time, a valid hint is returned as ``feasible``.
+    ``params`` are extra CP-SAT parameters (a list replaces a repeated field);
+    ``strengthen=False`` solves the plain formulation (see :func:`build_model`).
 
     Raises :class:`OracleError` when CP-SAT calls the model infeasible or invalid: a
     validated instance always has a serial schedule, so the model would be wrong.
@@ -526,7 +539,7 @@ def solve_cpsat(
         raise OracleError(
             f"upper bound {ub} is below the trivial lower bound {problem.lower_bound()}"
         )
-    m = build_model(problem, ub, search=search)
+    m = build_model(problem, ub, strengthen=strengthen)
     if hint_sol is not None and hint_obj is not None and hint_obj <= ub:
         _add_hint(m, hint_sol)
     elif serial_obj <= ub:
@@ -539,8 +552,18 @@ def solve_cpsat(
     prm.num_workers = max(1, int(threads))
     prm.log_search_progress = log
     prm.random_seed = 0
+    if prm.num_workers == 2:
+        # measured (docs/oracle_cpsat.md): on two threads, CP-SAT's default search beside
+        # its core-based objective search proves more than the default portfolio
+        # (one full search plus interleaved LNS), and its lower bounds are far better
+        prm.subsolvers.extend(DUAL_WORKERS)
+        prm.num_full_subsolvers = 2
     for k, v in (params or {}).items():
-        setattr(prm, k, v)
+        if isinstance(v, list | tuple):  # a repeated field: replaced
+            del getattr(prm, k)[:]
+            getattr(prm, k).extend(v)
+        else:
+            setattr(prm, k, v)
     code = solver.solve(m.cp)
     name = solver.status_name(code)
     proto = m.cp.proto
