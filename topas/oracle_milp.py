@@ -406,8 +406,22 @@ def solve_milp(
 
 
 def _run_cbc(m, time_limit, threads, hint, log) -> tuple[str, float]:  # type: ignore[no-untyped-def]
+    """CBC through PuLP. Its time limit is soft: CBC checks it between phases, so the root
+    LP of a large model can overrun it. A CBC crash on the MIP start is retried without it."""
     if hint is not None:
         _set_hint(m, hint)
+    try:
+        text = _cbc_once(m, time_limit, threads, hint is not None)
+    except pulp.PulpSolverError:
+        if hint is None:
+            raise OracleError("cbc failed to run on this model") from None
+        text = _cbc_once(m, time_limit, threads, False)
+    if log:
+        print(text)
+    return _cbc_status(m.lp, text)
+
+
+def _cbc_once(m, time_limit, threads, warm: bool) -> str:  # type: ignore[no-untyped-def]
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "cbc.log"
         with warnings.catch_warnings():  # PuLP 3 deprecates the bundled-CBC class name
@@ -416,15 +430,12 @@ def _run_cbc(m, time_limit, threads, hint, log) -> tuple[str, float]:  # type: i
                 msg=False,
                 timeLimit=max(1, math.ceil(time_limit)),
                 threads=threads,
-                warmStart=hint is not None,
+                warmStart=warm,
                 logPath=str(log_path),
                 keepFiles=False,
             )
             m.lp.solve(solver)
-        text = log_path.read_text() if log_path.exists() else ""
-    if log:
-        print(text)
-    return _cbc_status(m.lp, text)
+        return log_path.read_text() if log_path.exists() else ""
 
 
 def _cbc_status(lp: pulp.LpProblem, text: str) -> tuple[str, float]:
