@@ -165,6 +165,7 @@ class TOPAS(Policy):
             key=lambda r: (-self._admission_value(state, r, views, weights), state.waiting[r]),
         )
         plan = state.plan()
+        held: list[tuple[StageRef, list[str]]] = []
         for ref in order:
             if plan.free_slots < 1:
                 break
@@ -177,7 +178,14 @@ class TOPAS(Policy):
             gain = self._deferral_gain(state, ref, views, weights)
             lost = self.reuse * sum(retain.get(a, 0.0) for a in victims)
             if gain <= lost:
-                continue  # hold it back: the prefixes it would evict are worth more
+                held.append((ref, victims))  # the prefixes it would evict are worth more
+                continue
+            for a in victims:
+                plan.do_evict(a)
+            plan.try_admit(ref)
+        if held and not plan.admit and not state.running:
+            # holding back only pays while something else runs: never idle the server
+            ref, victims = held[0]
             for a in victims:
                 plan.do_evict(a)
             plan.try_admit(ref)
