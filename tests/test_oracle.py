@@ -12,8 +12,8 @@ import pytest
 from conftest import make, stage, task
 from test_step_model import CHAIN, TRADEOFF
 
-from topas.oracle_common import OracleError, StepProblem
-from topas.oracle_milp import serial_solution, solve
+from topas.oracle_common import OracleError, StepProblem, serial_solution
+from topas.oracle_milp import solve
 from topas.policies import BASELINES, make_policy
 from topas.policies.replay import Replay
 from topas.schedule import evaluate

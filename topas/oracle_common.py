@@ -202,3 +202,37 @@ def to_schedule(problem: StepProblem, sol: OracleSolution) -> Schedule:
         )
     sched.peak_kv_tokens = step_peak_kv(sched)
     return sched
+
+
+def serial_solution(problem: StepProblem) -> OracleSolution:
+    """One stage at a time in (release, topological) order, each with its own load: always
+    feasible since every stage fits with its prefix (validation)."""
+    t = 0
+    starts: dict[int, int] = {}
+    residency = []
+    order = sorted(
+        range(len(problem.stages)),
+        key=lambda v: (
+            problem.releases[problem.stages[v].task],
+            problem.stages[v].task,
+            problem.stages[v].head,
+            v,
+        ),
+    )
+    for v in order:
+        s = problem.stages[v]
+        load = max(t, problem.releases[s.task] - problem.load[s.agent], 0)
+        start = max(load + problem.load[s.agent], problem.releases[s.task])
+        starts[v] = start
+        t = start + s.duration
+        residency.append((s.agent, load, t))
+    return OracleSolution(starts, residency)
+
+
+def objective_of(problem: StepProblem, sol: OracleSolution) -> int:
+    """Sum of JCTs in steps, by plain arithmetic."""
+    total = 0
+    for j, ids in enumerate(problem.task_stages):
+        end = max(sol.starts[v] + problem.stages[v].duration for v in ids)
+        total += end - problem.releases[j]
+    return total

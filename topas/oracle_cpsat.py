@@ -35,6 +35,8 @@ from topas.oracle_common import (
     OracleSolution,
     StepProblem,
     horizon,
+    objective_of,
+    serial_solution,
     to_schedule,
 )
 from topas.schedule import ScheduleError, evaluate
@@ -120,36 +122,6 @@ def identical_groups(problem: StepProblem) -> list[list[int]]:
         )
         groups[key].append(v)
     return [sorted(g) for g in groups.values() if len(g) > 1]
-
-
-def serial_solution(problem: StepProblem) -> OracleSolution:
-    """A feasible schedule that runs one stage at a time: tasks by release, stages in
-    topological order, each with its own load of its prefix (evicted at its end).
-
-    Feasible by validation (every stage fits with its prefix, ``B >= 1``); its objective
-    is an upper bound on the optimum.
-    """
-    starts: dict[int, int] = {}
-    residency: list[tuple[str, int, int]] = []
-    t = 0
-    order = sorted(range(len(problem.task_stages)), key=lambda j: (problem.releases[j], j))
-    for j in order:
-        for v in _topo(problem, problem.task_stages[j]):
-            s = problem.stages[v]
-            load = max(t, problem.releases[j] - problem.load[s.agent])
-            starts[v] = load + problem.load[s.agent]
-            t = starts[v] + s.duration
-            residency.append((s.agent, load, t))
-    return OracleSolution(starts=starts, residency=residency)
-
-
-def objective_of(problem: StepProblem, sol: OracleSolution) -> int:
-    """Sum of JCTs in steps of a solution, computed from the starts alone."""
-    total = 0
-    for j, ids in enumerate(problem.task_stages):
-        end = max(sol.starts[v] + problem.stages[v].duration for v in ids)
-        total += end - problem.releases[j]
-    return total
 
 
 def _checked(problem: StepProblem, sol: OracleSolution) -> int:
