@@ -32,6 +32,11 @@ def stage(sid: str, agent: str, inp: int, out: int, deps=(), pred: int | None = 
     return d
 
 
+def kv_of(inst: Instance):
+    """Input plus output of the stage (what the step engine commits), as a ``kv_need``."""
+    return lambda ref, gen: inst.stage(ref).input_tokens + inst.stage(ref).output_tokens
+
+
 def task(tid: str, arrival: float, *stages: dict) -> dict:
     return {"id": tid, "arrival": arrival, "stages": list(stages)}
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import make, stage, task
+from conftest import kv_of, make, stage, task
 
 from topas.policies import (
     BASELINES,
@@ -35,10 +35,6 @@ from topas.state import (
 )
 
 # --------------------------------------------------------------------------- helpers
-
-
-def kv_of(inst):
-    return lambda ref, gen: inst.stage(ref).input_tokens + inst.stage(ref).output_tokens
 
 
 def released(inst) -> State:

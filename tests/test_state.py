@@ -13,7 +13,7 @@ import copy
 import random
 
 import pytest
-from conftest import make, random_instances, stage, task
+from conftest import kv_of, make, random_instances, stage, task
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,11 +34,6 @@ from topas.state import (
 )
 
 # --------------------------------------------------------------------------- helpers
-
-
-def kv_of(inst):
-    """Input plus output of the stage (what the step engine commits)."""
-    return lambda ref, gen: inst.stage(ref).input_tokens + inst.stage(ref).output_tokens
 
 
 def build(inst, tasks=None, kv_need=None) -> State:
