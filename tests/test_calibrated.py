@@ -9,8 +9,9 @@ from conftest import make, stage, task
 
 from topas.instance import LinearCost
 from topas.policies import make_policy
+from topas.policies.baselines import FCFS
 from topas.schedule import evaluate
-from topas.simulator import simulate
+from topas.simulator import perturbed_predictions, simulate
 from topas.timing import decode_iters_within, decode_span_s, iteration_s
 
 COST = {
@@ -169,3 +170,56 @@ def test_mixed_chunk_decodes_while_prefilling():
     _, m1 = run(mixed)
     # With mixed chunks t0 keeps decoding during t1's 8 prefill iterations.
     assert m1.jct["t0"] < m0.jct["t0"]
+
+
+# ------------------------------------------------------------------ prediction error
+
+
+def _two_stage_instance():
+    return make(
+        {"a": 10, "b": 10},
+        [
+            task("t0", 0, stage("s1", "a", 10, 30), stage("s2", "b", 10, 5, deps=["s1"])),
+            task("t1", 0, stage("s1", "b", 12, 8, pred=20)),
+        ],
+        capacity=400,
+        chunk=64,
+        cost=COST,
+    )
+
+
+def test_perturbed_predictions_are_seeded_noise_on_the_told_length():
+    inst = _two_stage_instance()
+    assert perturbed_predictions(inst, 0.0, seed=3) == {
+        ("t0", "s1"): 30,
+        ("t0", "s2"): 5,
+        ("t1", "s1"): 20,  # the instance's prediction, not the truth (8), is perturbed
+    }
+    a = perturbed_predictions(inst, 0.5, seed=3)
+    assert a == perturbed_predictions(inst, 0.5, seed=3)
+    assert a != perturbed_predictions(inst, 0.5, seed=4)
+    assert all(n >= 1 for n in a.values())
+    for bad in (-0.1, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="prediction_error"):
+            perturbed_predictions(inst, bad, seed=0)
+
+
+def test_prediction_error_changes_what_policies_see_not_the_truth():
+    inst = _two_stage_instance()
+    seen = []
+
+    class Spy(FCFS):
+        def decide(self, state):
+            seen.extend(state.stage(r).predicted_output for r in state.waiting)
+            return super().decide(state)
+
+    sched = simulate(inst, Spy(), timing="calibrated", seed=1, prediction_error=1.0, debug=True)
+    told = perturbed_predictions(inst, 1.0, seed=1)
+    assert set(seen) <= set(told.values())
+    assert seen != [30, 20, 5][: len(seen)]
+    # the stages still run to their true lengths: with memory to spare FCFS's schedule
+    # does not depend on what it is told, so the JCTs match the noiseless run exactly
+    plain = simulate(inst, FCFS(), timing="calibrated", seed=1)
+    assert evaluate(sched).jct == evaluate(plain).jct
+    with pytest.raises(ValueError, match="not both"):
+        simulate(inst, FCFS(), prediction_error=0.5, predicted={("t0", "s1"): 3})

@@ -957,3 +957,23 @@ def test_demo_prints_a_table_of_every_baseline(capsys: pytest.CaptureFixture[str
     assert lines[0].startswith("workload metagpt-sop")
     for name in ("fcfs", "lpm", "cpf", "atlas", "kvflow"):
         assert any(line.startswith(name) for line in lines), name
+
+
+def test_simulate_prediction_error(
+    tmp_path: Path, calibrated_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    args = ["--policy", "topas", "--prediction-error", "0.5", "--seed", "2", "--no-progress"]
+    assert run(capsys, "simulate", calibrated_file, *args, "--out", a)[0] == 0
+    assert run(capsys, "simulate", calibrated_file, *args, "--out", b)[0] == 0
+    doc = read_result(a)
+    assert doc["prediction_error"] == 0.5
+    assert reproducible(doc) == reproducible(read_result(b))
+    plain = tmp_path / "plain.json"
+    assert run(capsys, "simulate", calibrated_file, "--policy", "topas", "--out", plain)[0] == 0
+    assert "prediction_error" not in read_result(plain)
+    for bad in ("-1", "nan"):
+        rc, out, err = run(
+            capsys, "compare", calibrated_file, "--prediction-error", bad, "--no-progress"
+        )
+        assert_one_line_error(rc, out, err, "--prediction-error")

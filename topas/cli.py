@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -153,6 +154,14 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         help="step or calibrated (default: the file's cost model)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--prediction-error",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="log-normal noise (sigma) on the output lengths policies are told, drawn "
+        "from --seed; truth unchanged (default 0)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -202,6 +211,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         args.seed,
         not args.no_progress,
         include_schedule=args.with_schedule,
+        prediction_error=_prediction_error(args),
     )
     write_result(doc, args.out)
     print(format_table([(args.policy, metrics)], timing))
@@ -215,7 +225,14 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for spec in specs:
         make_policy(spec)  # fail fast on a bad spec, before any run
     timing = timing_mode(inst, args.timing)
-    rows = compare(inst, specs, timing, args.seed, progress=not args.no_progress)
+    rows = compare(
+        inst,
+        specs,
+        timing,
+        args.seed,
+        progress=not args.no_progress,
+        prediction_error=_prediction_error(args),
+    )
     table = format_table(rows, timing)
     if args.csv:
         write_text_atomic(args.csv, format_csv(rows))
@@ -347,6 +364,7 @@ def run_one(
     seed: int,
     progress: bool,
     include_schedule: bool = False,
+    prediction_error: float = 0.0,
 ) -> tuple[Metrics, dict[str, Any]]:
     """Simulate one policy and build its result document."""
     policy = make_policy(spec)
@@ -354,23 +372,52 @@ def run_one(
     t0 = time.perf_counter()
     try:
         schedule = simulate(
-            inst, policy, timing=timing, seed=seed, progress=None if bar is None else bar.update
+            inst,
+            policy,
+            timing=timing,
+            seed=seed,
+            progress=None if bar is None else bar.update,
+            prediction_error=prediction_error,
         )
     finally:
         if bar is not None:
             bar.close()
     runtime = time.perf_counter() - t0
     metrics = evaluate(schedule)
+    extra = {"prediction_error": prediction_error} if prediction_error else None
     doc = result_document(
-        inst, schedule, metrics, spec, seed, timing, runtime, include_schedule=include_schedule
+        inst,
+        schedule,
+        metrics,
+        spec,
+        seed,
+        timing,
+        runtime,
+        include_schedule=include_schedule,
+        extra=extra,
     )
     return metrics, doc
 
 
 def compare(
-    inst: Instance, specs: list[str], timing: str, seed: int, progress: bool
+    inst: Instance,
+    specs: list[str],
+    timing: str,
+    seed: int,
+    progress: bool,
+    prediction_error: float = 0.0,
 ) -> list[tuple[str, Metrics]]:
-    return [(spec, run_one(inst, spec, timing, seed, progress)[0]) for spec in specs]
+    return [
+        (spec, run_one(inst, spec, timing, seed, progress, prediction_error=prediction_error)[0])
+        for spec in specs
+    ]
+
+
+def _prediction_error(args: argparse.Namespace) -> float:
+    sigma = args.prediction_error
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise CliError(f"--prediction-error: must be a finite number >= 0, got {sigma}")
+    return sigma
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ The policy sees only :class:`~topas.state.State`; the true output lengths stay h
 from __future__ import annotations
 
 import heapq
+import math
 import time as wallclock
 from collections import deque
 from collections.abc import Callable
@@ -57,19 +58,50 @@ def simulate(
     debug: bool = False,
     predicted: dict[StageRef, int] | None = None,
     progress: Callable[[int], None] | None = None,
+    prediction_error: float = 0.0,
 ) -> Schedule:
     """Run ``policy`` on ``instance`` and return the Schedule.
 
     ``predicted`` overrides the output lengths policies are told (default: each
-    stage's ``predicted_output_tokens``, else the truth). ``debug`` re-checks every
-    invariant in full after every event. ``progress(n)`` is called as stages finish.
+    stage's ``predicted_output_tokens``, else the truth). ``prediction_error`` > 0
+    multiplies each told length by log-normal noise of that sigma, drawn from ``seed``
+    (:func:`perturbed_predictions`); the true lengths and every feasibility check stay
+    unchanged. ``debug`` re-checks every invariant in full after every event.
+    ``progress(n)`` is called as stages finish.
     """
     if timing not in ("step", "calibrated"):
         raise ValueError(f"timing must be 'step' or 'calibrated', got {timing!r}")
+    if prediction_error:
+        if predicted is not None:
+            raise ValueError("give predicted or prediction_error, not both")
+        predicted = perturbed_predictions(instance, prediction_error, seed)
     policy.reset(PolicyContext(server=instance.server, timing=timing, seed=seed))
     engine_cls = StepEngine if timing == "step" else CalibratedEngine
     engine = engine_cls(instance, policy, debug=debug, predicted=predicted, progress=progress)
     return engine.run()
+
+
+PREDICTION_NOISE_STREAM = 0x5052454400  # keeps the noise apart from policies' own seeds
+
+
+def perturbed_predictions(instance: Instance, sigma: float, seed: int) -> dict[StageRef, int]:
+    """The output lengths policies are told, times log-normal(0, ``sigma``) noise.
+
+    Each stage's told length (its ``predicted_output_tokens``, else the truth) is
+    multiplied by an independent draw and rounded to an integer >= 1. Draws follow the
+    instance's task and stage order, so one (instance, sigma, seed) always gives the same
+    predictions and every policy run with that seed is told the same lengths.
+    """
+    if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not sigma >= 0:
+        raise ValueError(f"prediction_error: must be a number >= 0, got {sigma!r}")
+    if not math.isfinite(sigma):
+        raise ValueError(f"prediction_error: must be finite, got {sigma!r}")
+    import numpy as np
+
+    refs = [(t.id, s.id, s.predicted_output) for t in instance.tasks for s in t.stages]
+    rng = np.random.default_rng([PREDICTION_NOISE_STREAM, seed])
+    noise = rng.lognormal(0.0, float(sigma), size=len(refs))
+    return {(tid, sid): max(1, round(n * f)) for (tid, sid, n), f in zip(refs, noise, strict=True)}
 
 
 class _Engine:
