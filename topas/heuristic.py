@@ -26,21 +26,45 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from topas.instance import StageRef
 from topas.policies.base import Policy, PolicyContext
+from topas.scoreboard import Scoreboard
 from topas.state import Decision, Phase, PrefixStatus, State
 from topas.timing import predicted_load_s, predicted_service_s
 
 
 @dataclass
-class _TaskView:
-    """The cached path analysis of one task."""
+class _Shape:
+    """What never changes about a task during a run, with stages by topological index."""
 
-    key: tuple
+    refs: list[StageRef]
+    agents: list[str]
+    svc: list[float]  # predicted service, seconds
+    load: list[float]  # seconds to load the stage's prefix
+    children: list[list[int]]
+    deps: list[list[int]]
+
+
+@dataclass
+class _TaskView:
+    """The path analysis of one task for one epoch and residency of its agents."""
+
     length: float  # L_j: longest remaining path, seconds (loads of non-resident prefixes in)
-    tails: dict[str, float]  # waiting stage -> its own service + load + longest path after it
-    slack_ref: dict[str, float]  # waiting stage -> longest path over the task's other frontier
+    tails: dict[int, float]  # waiting stage -> its own service + load + longest path after it
+    slack_ref: dict[int, float]  # waiting stage -> longest path over the task's other frontier
     upcoming: dict[str, float]  # agent -> sum of exp(-ready_in/horizon) over unadmitted stages
+
+
+VIEWS_PER_TASK = 4
+"""Analyses kept per task (by epoch and residency of its agents): residency flips back
+and forth, and each flip would otherwise re-analyse every task that uses the agent."""
+
+
+MAX_MISFITS = 64
+"""Waiting stages a decision examines that do not fit as they are, before it stops: bounds
+the time of a decision when memory, not the batch, is what limits admission."""
 
 
 @dataclass
@@ -58,11 +82,18 @@ class TOPAS(Policy):
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
-        self._views: dict[str, _TaskView] = {}
+        self._views: dict[str, _TaskView] = {}  # task -> its analysis in the synced state
+        self._view_cache: dict[str, dict[tuple, _TaskView]] = {}
+        self._shapes: dict[str, _Shape] = {}
+        self._view_epoch: dict[str, int] = {}
         self._svc: dict[StageRef, float] = {}
         self._load_s: dict[str, float] = {}
         self._mean_svc = 0.0
         self._n_svc = 0
+        self._board: Scoreboard | None = None
+        self._resident: frozenset[str] = frozenset()
+        self._tasks_of_agent: dict[str, set[str]] = {}
+        self._agents_of: dict[str, frozenset[str]] = {}
 
     # ------------------------------------------------------------------ estimates
 
@@ -88,94 +119,195 @@ class TOPAS(Policy):
     def _horizon(self) -> float:
         return self.horizon or 4.0 * max(self._mean_svc, 1e-9)
 
-    def _weight(self, state: State, tid: str) -> float:
-        if not self.aging:
-            return 1.0
-        scale = self.age_scale or 20.0 * max(self._mean_svc, 1e-9)
-        return 1.0 + self.aging * state.age(tid) / scale
+    # ------------------------------------------------------------------ incremental sync
 
-    # ------------------------------------------------------------------ per-task paths
+    def _sync(self, state: State) -> Scoreboard:
+        """Bring the scoreboard and the per-task views in step with ``state``.
 
-    def _view(self, state: State, tid: str) -> _TaskView:
-        info = state.tasks[tid]
-        agents = {s.agent for s in info.stages.values()}
-        resident = frozenset(a for a in agents if state.prefixes[a].status != PrefixStatus.ABSENT)
-        key = (state.task_epoch[tid], resident)
-        view = self._views.get(tid)
-        if view is not None and view.key == key:
-            return view
-        view = self._analyse(state, tid, resident, key)
+        Only tasks whose epoch changed, new tasks and tasks using an agent whose residency
+        changed since the last sync are re-analysed.
+        """
+        board = self._board
+        if board is None:
+            board = self._board = Scoreboard(state.prefixes)
+            self._load_vec = np.array([self._load(state, a) for a in board.agents])
+            self._tasks_of_agent = {a: set() for a in board.agents}
+        tasks = state.tasks
+        for tid in board.tasks.of.keys() - tasks.keys():
+            board.drop_task(tid)
+            for d in (self._views, self._view_cache, self._shapes, self._view_epoch):
+                d.pop(tid, None)
+            for a in self._agents_of.pop(tid):
+                self._tasks_of_agent[a].discard(tid)
+        dirty = set(tasks.keys() - board.tasks.of.keys())
+        for tid in dirty:
+            board.add_task(tid, tasks[tid].release)
+            agents = frozenset(s.agent for s in tasks[tid].stages.values())
+            self._agents_of[tid] = agents
+            for a in agents:
+                self._tasks_of_agent[a].add(tid)
+        resident = frozenset(
+            a for a, p in state.prefixes.items() if p.status != PrefixStatus.ABSENT
+        )
+        for a in resident ^ self._resident:
+            dirty |= self._tasks_of_agent[a]
+        self._resident = resident
+        epoch = state.task_epoch
+        seen = self._view_epoch
+        dirty.update(tid for tid, e in seen.items() if e != epoch[tid])
+        for ref in board.stages.of.keys() - state.waiting.keys():
+            board.drop_stage(ref)
+        for tid in dirty:
+            self._reanalyse(state, board, tid)
+            seen[tid] = epoch[tid]
+        for tid in {ref[0] for ref in state.waiting.keys() - board.stages.of.keys()}:
+            self._reanalyse(state, board, tid)  # not expected: a waiting stage is news
+        return board
+
+    def _reanalyse(self, state: State, board: Scoreboard, tid: str) -> None:
+        key = (state.task_epoch[tid], self._resident & self._agents_of[tid])
+        cache = self._view_cache.setdefault(tid, {})
+        view = cache.get(key)
+        if view is None:
+            view = self._analyse(state, tid)
+            if len(cache) >= VIEWS_PER_TASK:
+                cache.pop(next(iter(cache)))
+            cache[key] = view
         self._views[tid] = view
-        return view
+        board.set_upcoming(tid, view.upcoming)
+        inv_len = 1.0 / max(view.length, 1e-9)
+        shape = self._shapes[tid]
+        for i, tail in view.tails.items():
+            ref = shape.refs[i]
+            agent = shape.agents[i]
+            load = 0.0 if agent in self._resident else shape.load[i]
+            board.put_stage(ref, inv_len, view.length - tail, load, state.wait_stamp[ref])
 
-    def _analyse(self, state: State, tid: str, resident: frozenset, key: tuple) -> _TaskView:
-        info = state.tasks[tid]
-        phase = {sid: state.phase[(tid, sid)] for sid in info.stages}
-        own: dict[str, float] = {}
-        for sid, s in info.stages.items():
-            if phase[sid] == Phase.DONE:
+    def _shape(self, state: State, tid: str) -> _Shape:
+        """The static part of a task's analysis: its stages in topological order, their
+        predicted services and prefix loads, and the DAG as index lists."""
+        shape = self._shapes.get(tid)
+        if shape is None:
+            info = state.tasks[tid]
+            sids = list(info.topo_order)
+            pos = {sid: i for i, sid in enumerate(sids)}
+            stages = [info.stages[sid] for sid in sids]
+            shape = self._shapes[tid] = _Shape(
+                refs=[(tid, sid) for sid in sids],
+                agents=[s.agent for s in stages],
+                svc=[self._service(state, (tid, sid)) for sid in sids],
+                load=[self._load(state, s.agent) for s in stages],
+                children=[[pos[c] for c in s.children] for s in stages],
+                deps=[[pos[d] for d in s.deps] for s in stages],
+            )
+        return shape
+
+    def _analyse(self, state: State, tid: str) -> _TaskView:
+        """Longest remaining paths (with the loads of absent prefixes), the slack of each
+        waiting stage to its task's longest path, and the discounted upcoming reuse."""
+        shape = self._shape(state, tid)
+        resident = self._resident
+        phase = state.phase
+        n = len(shape.refs)
+        own: list[float | None] = [None] * n  # None: done
+        waiting: list[int] = []
+        blocked = [False] * n
+        for i, ref in enumerate(shape.refs):
+            ph = phase[ref]
+            if ph is Phase.DONE:
                 continue
-            own[sid] = self._service(state, (tid, sid))
-            if phase[sid] in (Phase.WAITING, Phase.BLOCKED) and s.agent not in resident:
-                own[sid] += self._load(state, s.agent)
-        tail: dict[str, float] = {}
-        for sid in reversed(info.topo_order):
-            if sid in own:
-                below = (tail[c] for c in info.stages[sid].children if c in tail)
-                tail[sid] = own[sid] + max(below, default=0.0)
-        frontier = {sid: tail[sid] for sid in own if phase[sid] != Phase.BLOCKED}
-        length = max(frontier.values(), default=0.0)
-        waiting = [sid for sid in frontier if phase[sid] == Phase.WAITING]
+            o = shape.svc[i]
+            if ph is Phase.WAITING or ph is Phase.BLOCKED:
+                if shape.agents[i] not in resident:
+                    o += shape.load[i]
+                if ph is Phase.WAITING:
+                    waiting.append(i)
+                else:
+                    blocked[i] = True
+            own[i] = o
+        tail = [0.0] * n
+        for i in range(n - 1, -1, -1):
+            o = own[i]
+            if o is None:
+                continue
+            below = 0.0
+            for c in shape.children[i]:  # children of an unfinished stage are unfinished
+                if tail[c] > below:
+                    below = tail[c]
+            tail[i] = o + below
+        frontier = [tail[i] for i in range(n) if own[i] is not None and not blocked[i]]
+        length = max(frontier, default=0.0)
         # the longest path through the other frontier stages, for each waiting stage
-        best = sorted(frontier.values(), reverse=True)
+        best = sorted(frontier, reverse=True)[:2]
         slack_ref = {}
-        for sid in waiting:
-            t = frontier[sid]
-            slack_ref[sid] = best[1] if len(best) > 1 and t == best[0] else best[0]
+        for i in waiting:
             if len(best) == 1:
-                slack_ref[sid] = 0.0
+                slack_ref[i] = 0.0
+            else:
+                slack_ref[i] = best[1] if tail[i] == best[0] else best[0]
         # how soon each unadmitted stage is ready: the longest chain of unfinished deps
-        ready_in: dict[str, float] = {}
+        ready_in = [0.0] * n
         upcoming: dict[str, float] = {}
         h = self._horizon()
-        for sid in info.topo_order:
-            if sid not in own:
+        for i in range(n):
+            if own[i] is None:
                 continue
-            s = info.stages[sid]
-            if phase[sid] == Phase.BLOCKED:
-                ready_in[sid] = max(
-                    (ready_in.get(d, 0.0) + own[d] for d in s.deps if d in own), default=0.0
-                )
-            else:
-                ready_in[sid] = 0.0
-            if phase[sid] in (Phase.WAITING, Phase.BLOCKED):
-                upcoming[s.agent] = upcoming.get(s.agent, 0.0) + math.exp(-ready_in[sid] / h)
-        return _TaskView(key, length, {sid: tail[sid] for sid in waiting}, slack_ref, upcoming)
+            agent = shape.agents[i]
+            if blocked[i]:
+                r = 0.0
+                for d in shape.deps[i]:
+                    od = own[d]
+                    if od is not None and ready_in[d] + od > r:
+                        r = ready_in[d] + od
+                ready_in[i] = r
+                upcoming[agent] = upcoming.get(agent, 0.0) + math.exp(-r / h)
+            elif i in slack_ref:  # waiting
+                upcoming[agent] = upcoming.get(agent, 0.0) + 1.0
+        return _TaskView(length, {i: tail[i] for i in waiting}, slack_ref, upcoming)
 
     # ------------------------------------------------------------------ the decision
 
+    def _scores(self, state: State) -> tuple[Scoreboard, np.ndarray, dict[str, float]]:
+        """The scoreboard, the task weights (per task slot) and the retention values."""
+        board = self._sync(state)
+        scale = self.age_scale or 20.0 * max(self._mean_svc, 1e-9)
+        weights = board.task_weights(state.time, self.aging, scale)
+        if self.reuse:
+            values = board.retention(weights) * self._load_vec
+            retain = dict(zip(board.agents, values.tolist(), strict=True))
+        else:
+            retain = {}
+        return board, weights, retain
+
     def decide(self, state: State) -> Decision:
-        for tid in [t for t in self._views if t not in state.tasks]:
-            del self._views[tid]
-        views = {tid: self._view(state, tid) for tid in state.tasks}
-        weights = {tid: self._weight(state, tid) for tid in state.tasks}
-        retain = self._retention_values(state, views, weights)
-        order = sorted(
-            state.waiting,
-            key=lambda r: (-self._admission_value(state, r, views, weights), state.waiting[r]),
-        )
+        board, weights, retain = self._scores(state)
+        order = board.order(self._admission_values(board, weights))
         plan = state.plan()
+        evict_rank = sorted(
+            state.evictable(), key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens
+        )
         held: list[tuple[StageRef, list[str]]] = []
+        misfits = 0
+        room = None  # free KV plus every unused prefix's, while the plan is unchanged
         for ref in order:
-            if plan.free_slots < 1:
+            if plan.free_slots < 1 or misfits >= MAX_MISFITS:
                 break
-            if plan.fits(ref):
+            cost = plan.cost(ref)
+            if cost <= plan.free_kv:
                 plan.try_admit(ref)
+                room = None
                 continue
-            victims = self._victims_for(state, plan, ref, retain)
+            misfits += 1
+            if room is None:
+                room = plan.free_kv + sum(
+                    state.prefixes[a].tokens for a in plan.evictable(evict_rank)
+                )
+            if cost > room:
+                continue  # cannot fit even after evicting every unused prefix
+            victims = self._victims_for(state, plan, ref, evict_rank)
             if victims is None:
                 continue  # cannot fit even after evicting every unused prefix
-            gain = self._deferral_gain(state, ref, views, weights)
+            gain = self._deferral_gain(ref, weights[board.tasks.of[ref[0]]])
             lost = self.reuse * sum(retain.get(a, 0.0) for a in victims)
             if gain <= lost:
                 held.append((ref, victims))  # the prefixes it would evict are worth more
@@ -183,6 +315,7 @@ class TOPAS(Policy):
             for a in victims:
                 plan.do_evict(a)
             plan.try_admit(ref)
+            room = None
         if held and not plan.admit and not state.running:
             # holding back only pays while something else runs: never idle the server
             ref, victims = held[0]
@@ -192,77 +325,62 @@ class TOPAS(Policy):
         self._prefetch(state, plan, retain)
         return plan.decision()
 
-    def _admission_value(self, state, ref, views, weights) -> float:  # type: ignore[no-untyped-def]
-        """Smith-ratio value of starting ``ref`` now: weighted path cut per second of path,
-        less the movement its prefix load causes."""
-        tid, sid = ref
-        view = views[tid]
-        length = max(view.length, 1e-9)
-        w = weights[tid]
-        value = 0.0
+    def _admission_values(self, board: Scoreboard, weights: np.ndarray) -> np.ndarray:
+        """Per stage slot, the Smith-ratio value of starting it now: weighted path cut per
+        second of remaining path (``w_j * crit(v) / L_j``, with ``crit`` 1 on the longest
+        path and decaying with the slack to it), less the movement its prefix load causes."""
+        m = max(self._mean_svc, 1e-9)
+        w = weights[board.s_task]
         if self.path:
-            value += self.path * w * self._criticality(view, sid) / length
+            values = self.path * w * np.exp(-board.s_slack / m) * board.s_inv_len
+        elif self.aging:
+            values = w * board.s_inv_len
         else:
-            value += w / length if self.aging else 0.0
-        agent = state.agent_of(ref)
-        if self.move and state.prefixes[agent].status == PrefixStatus.ABSENT:
-            value -= self.move * self._load(state, agent) / length / max(self._mean_svc, 1e-9)
-        return value
+            values = np.zeros_like(w)
+        if self.move:
+            values -= self.move * board.s_load * board.s_inv_len / m
+        return values
 
-    def _criticality(self, view: _TaskView, sid: str) -> float:
-        """1 on the longest path; decays with the slack to it."""
-        slack = view.length - view.tails[sid]
-        return math.exp(-slack / max(self._mean_svc, 1e-9))
-
-    def _deferral_gain(self, state, ref, views, weights) -> float:  # type: ignore[no-untyped-def]
-        """Seconds of weighted completion gained by starting now instead of after a typical
-        stage service: the expected cut in the task's longest path."""
-        tid, sid = ref
-        view = views[tid]
-        q = self._mean_svc
-        cut = min(q, max(0.0, q + view.tails[sid] - max(view.slack_ref[sid], view.tails[sid])))
-        return weights[tid] * max(cut, q * self._criticality(view, sid)) * max(self.path, 1e-9)
-
-    def _retention_values(self, state, views, weights) -> dict[str, float]:  # type: ignore[no-untyped-def]
-        """R(a): reloads saved by keeping agent a's prefix, near-term stages discounted."""
-        if not self.reuse:
-            return {}
-        total: dict[str, float] = {}
-        for tid, view in views.items():
-            w = weights[tid]
-            for agent, s in view.upcoming.items():
-                total[agent] = total.get(agent, 0.0) + w * s
-        return {a: v * self._load(state, a) for a, v in total.items()}
+    def _deferral_gain(self, ref: StageRef, weight: float) -> float:
+        """Seconds of weighted completion gained by starting ``ref`` now instead of after
+        a typical stage service: the expected cut in its task's longest path."""
+        tid = ref[0]
+        view = self._views[tid]
+        i = self._shapes[tid].refs.index(ref)
+        q = max(self._mean_svc, 1e-9)
+        tail = view.tails[i]
+        cut = min(q, max(0.0, q + tail - max(view.slack_ref[i], tail)))
+        crit = math.exp(-(view.length - tail) / q)
+        return weight * max(cut, q * crit) * max(self.path, 1e-9)
 
     def eviction_order(self, state: State) -> list[str]:
         """Unused prefixes, least worth keeping first (LRU among equals)."""
-        views = {tid: self._view(state, tid) for tid in state.tasks}
-        weights = {tid: self._weight(state, tid) for tid in state.tasks}
-        retain = self._retention_values(state, views, weights)
+        _, _, retain = self._scores(state)
         cands = state.evictable()
         cands.sort(key=lambda a: retain.get(a, 0.0))
         return cands
 
-    def _victims_for(self, state, plan, ref, retain) -> list[str] | None:  # type: ignore[no-untyped-def]
-        """The cheapest set of unused prefixes whose eviction makes ``ref`` fit, or None."""
+    def _victims_for(self, state, plan, ref, evict_rank) -> list[str] | None:  # type: ignore[no-untyped-def]
+        """The cheapest unused prefixes (in ``evict_rank``: least retention value per token
+        first) whose eviction makes ``ref`` fit, or None."""
         agent = state.agent_of(ref)
         need = plan.cost(ref) - plan.free_kv
-        cands = [a for a in plan.evictable() if a != agent]
-        cands.sort(key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens)
         chosen, freed = [], 0
-        for a in cands:
+        for a in plan.evictable(evict_rank):
             if freed >= need:
                 break
-            chosen.append(a)
-            freed += state.prefixes[a].tokens
+            if a != agent:
+                chosen.append(a)
+                freed += state.prefixes[a].tokens
         return chosen if freed >= need else None
 
     def _prefetch(self, state, plan, retain) -> None:  # type: ignore[no-untyped-def]
         """Load absent prefixes whose near-term reuse outweighs the load, if they fit."""
         if not (self.reuse and retain):
             return
-        ranked = sorted(retain.items(), key=lambda kv: -kv[1])
-        for agent, value in ranked:
+        for agent, value in sorted(retain.items(), key=lambda kv: -kv[1]):
+            if value <= 0.0:
+                break
             if plan.status(agent) != PrefixStatus.ABSENT:
                 continue
             if self.reuse * value >= self.move * self._load(state, agent) * 0.5:
@@ -273,11 +391,12 @@ class TOPAS(Policy):
     def choose_victim(self, state: State, candidates) -> StageRef:  # type: ignore[no-untyped-def]
         """Retract the stage whose loss costs least: generated work it must redo plus
         its task's path value."""
+        board, weights, _ = self._scores(state)
 
         def cost(ref: StageRef) -> tuple[float, str, str]:
             tid = ref[0]
-            view = self._view(state, tid)
-            w = self._weight(state, tid)
+            view = self._views[tid]
+            w = float(weights[board.tasks.of[tid]])
             svc = self._service(state, ref)
             info = state.stage(ref)
             done = state.running[ref].generated / max(1, info.predicted_output)
