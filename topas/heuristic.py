@@ -389,19 +389,18 @@ class TOPAS(Policy):
     # ------------------------------------------------------------------ retraction
 
     def choose_victim(self, state: State, candidates) -> StageRef:  # type: ignore[no-untyped-def]
-        """Retract the stage whose loss costs least: generated work it must redo plus
-        its task's path value."""
+        """Retract the stage whose loss costs least, in weighted seconds: the generated work
+        it must redo (``preempt``) plus its task's Smith-ratio value ``w_j * q / L_j`` times
+        a typical stage service ``q`` (``path``): a task near its end is kept running."""
         board, weights, _ = self._scores(state)
+        q = max(self._mean_svc, 1e-9)
 
         def cost(ref: StageRef) -> tuple[float, str, str]:
             tid = ref[0]
-            view = self._views[tid]
             w = float(weights[board.tasks.of[tid]])
-            svc = self._service(state, ref)
-            info = state.stage(ref)
-            done = state.running[ref].generated / max(1, info.predicted_output)
-            lost = self.preempt * w * svc * min(1.0, done)
-            value = self.path * w / max(view.length, 1e-9)
+            done = state.running[ref].generated / max(1, state.stage(ref).predicted_output)
+            lost = self.preempt * w * self._service(state, ref) * min(1.0, done)
+            value = self.path * w * q * q / max(self._views[tid].length, 1e-9)
             return (lost + value, tid, ref[1])
 
         return min(candidates, key=cost)
