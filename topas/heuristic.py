@@ -54,12 +54,33 @@ class _TaskView:
     length: float  # L_j: longest remaining path, seconds (loads of non-resident prefixes in)
     tails: dict[int, float]  # waiting stage -> its own service + load + longest path after it
     slack_ref: dict[int, float]  # waiting stage -> longest path over the task's other frontier
-    upcoming: dict[str, float]  # agent -> sum of exp(-ready_in/horizon) over unadmitted stages
+    upcoming: dict[str, float]  # agent -> max of exp(-ready_in/horizon) over unadmitted stages
+    at: float  # the time of the analysis (running stages count what was left of them then)
 
 
 VIEWS_PER_TASK = 4
 """Analyses kept per task (by epoch and residency of its agents): residency flips back
 and forth, and each flip would otherwise re-analyse every task that uses the agent."""
+
+
+@dataclass
+class _Reservation:
+    """Memory promised to the best-ranked stage that cannot fit yet (EASY backfilling):
+    it fits once running stages free it, ``at`` seconds from now by their predictions."""
+
+    at: float
+    extra: int  # tokens free at that time beyond what the reserved stage needs
+    prefixes: frozenset[str] = frozenset()  # agents whose prefix it counts on being freed
+
+    def allows(self, service: float, cost: int, agent: str) -> bool:
+        """A later stage may start if it ends before ``at``, or if it fits in the extra
+        without keeping a prefix the reservation counts on in use."""
+        if service <= self.at:
+            return True
+        if agent not in self.prefixes and cost <= self.extra:
+            self.extra -= cost
+            return True
+        return False
 
 
 MAX_MISFITS = 64
@@ -78,6 +99,7 @@ class TOPAS(Policy):
     aging: float = 1.0
     horizon: float = 0.0  # seconds; 0 = 4 x the mean predicted stage service
     age_scale: float = 0.0  # seconds; 0 = 20 x the mean predicted stage service
+    reserve: float = 2.0  # task weight from which a stage that cannot fit reserves memory
     name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -115,6 +137,9 @@ class TOPAS(Policy):
             tokens = state.prefixes[agent].tokens
             s = self._load_s[agent] = predicted_load_s(self.ctx.server, self.ctx.timing, tokens)
         return s
+
+    def _age_scale(self) -> float:
+        return self.age_scale or 20.0 * max(self._mean_svc, 1e-9)
 
     def _horizon(self) -> float:
         return self.horizon or 4.0 * max(self._mean_svc, 1e-9)
@@ -224,6 +249,10 @@ class TOPAS(Policy):
                     waiting.append(i)
                 else:
                     blocked[i] = True
+            elif ph is Phase.RUNNING:
+                started = state.running[ref].started_at
+                if started is not None:  # what is left of it, predicted
+                    o = max(o - (state.time - started), 0.1 * o)
             own[i] = o
         tail = [0.0] * n
         for i in range(n - 1, -1, -1):
@@ -260,18 +289,17 @@ class TOPAS(Policy):
                     if od is not None and ready_in[d] + od > r:
                         r = ready_in[d] + od
                 ready_in[i] = r
-                upcoming[agent] = upcoming.get(agent, 0.0) + math.exp(-r / h)
+                upcoming[agent] = max(upcoming.get(agent, 0.0), math.exp(-r / h))
             elif i in slack_ref:  # waiting
-                upcoming[agent] = upcoming.get(agent, 0.0) + 1.0
-        return _TaskView(length, {i: tail[i] for i in waiting}, slack_ref, upcoming)
+                upcoming[agent] = 1.0
+        return _TaskView(length, {i: tail[i] for i in waiting}, slack_ref, upcoming, state.time)
 
     # ------------------------------------------------------------------ the decision
 
     def _scores(self, state: State) -> tuple[Scoreboard, np.ndarray, dict[str, float]]:
         """The scoreboard, the task weights (per task slot) and the retention values."""
         board = self._sync(state)
-        scale = self.age_scale or 20.0 * max(self._mean_svc, 1e-9)
-        weights = board.task_weights(state.time, self.aging, scale)
+        weights = board.task_weights(state.time, self.aging, self._age_scale())
         if self.reuse:
             values = board.retention(weights) * self._load_vec
             retain = dict(zip(board.agents, values.tolist(), strict=True))
@@ -289,13 +317,17 @@ class TOPAS(Policy):
         held: list[tuple[StageRef, list[str]]] = []
         misfits = 0
         room = None  # free KV plus every unused prefix's, while the plan is unchanged
+        shadow: _Reservation | None = None
         for ref in order:
             if plan.free_slots < 1 or misfits >= MAX_MISFITS:
                 break
             cost = plan.cost(ref)
             if cost <= plan.free_kv:
-                plan.try_admit(ref)
-                room = None
+                if shadow is None or shadow.allows(
+                    self._service(state, ref), cost, state.agent_of(ref)
+                ):
+                    plan.try_admit(ref)
+                    room = None
                 continue
             misfits += 1
             if room is None:
@@ -303,14 +335,23 @@ class TOPAS(Policy):
                     state.prefixes[a].tokens for a in plan.evictable(evict_rank)
                 )
             if cost > room:
-                continue  # cannot fit even after evicting every unused prefix
+                # it cannot fit even after evicting every unused prefix: the first such
+                # stage in the order gets the memory that running stages free (EASY
+                # backfilling: later stages start only if they do not delay it)
+                if self.reserve and shadow is None and self._starving(state, board, ref):
+                    shadow = self._reservation(state, ref, cost - room)
+                continue
             victims = self._victims_for(state, plan, ref, evict_rank)
             if victims is None:
-                continue  # cannot fit even after evicting every unused prefix
+                continue
             gain = self._deferral_gain(ref, weights[board.tasks.of[ref[0]]])
             lost = self.reuse * sum(retain.get(a, 0.0) for a in victims)
             if gain <= lost:
                 held.append((ref, victims))  # the prefixes it would evict are worth more
+                continue
+            if shadow is not None and not shadow.allows(
+                self._service(state, ref), cost, state.agent_of(ref)
+            ):
                 continue
             for a in victims:
                 plan.do_evict(a)
@@ -325,20 +366,60 @@ class TOPAS(Policy):
         self._prefetch(state, plan, retain)
         return plan.decision()
 
+    def _starving(self, state: State, board: Scoreboard, ref: StageRef) -> bool:
+        """Whether ``ref``'s task has waited ``reserve`` times as long as the released tasks
+        do on average, and at least ``age_scale``: an outlier the flow leaves behind."""
+        age = state.age(ref[0])
+        if age < self._age_scale():
+            return False
+        live = board.live
+        mean_age = state.time - float(board.release[live].mean())
+        return age >= self.reserve * mean_age
+
+    def _reservation(self, state: State, ref: StageRef, shortfall: int) -> _Reservation:
+        """When running stages will have freed ``shortfall`` more tokens for ``ref``, by
+        their predicted remaining service (a prefix frees with its last running user), and
+        how many tokens beyond that will be free then."""
+        ends = []
+        for r, run in state.running.items():
+            left = self._service(state, r)
+            if run.started_at is not None:
+                left = max(0.0, left - (state.time - run.started_at))
+            ends.append((left, run.reserved, state.agent_of(r)))
+        ends.sort()
+        users = {a: p.users for a, p in state.prefixes.items() if p.users}
+        own = state.agent_of(ref)
+        freed = 0
+        released: set[str] = set()
+        for left, tokens, agent in ends:
+            freed += tokens
+            users[agent] -= 1
+            if not users[agent] and agent != own:
+                freed += state.prefixes[agent].tokens  # unused now: evictable
+                released.add(agent)
+            if freed >= shortfall:
+                return _Reservation(left, freed - shortfall, frozenset(released))
+        return _Reservation(math.inf, 0)
+
     def _admission_values(self, board: Scoreboard, weights: np.ndarray) -> np.ndarray:
-        """Per stage slot, the Smith-ratio value of starting it now: weighted path cut per
-        second of remaining path (``w_j * crit(v) / L_j``, with ``crit`` 1 on the longest
-        path and decaying with the slack to it), less the movement its prefix load causes."""
-        m = max(self._mean_svc, 1e-9)
+        """Per stage slot, the value of starting it now:
+        ``crit(v) * (path / L_j + aging * age_j / (age_scale * q))`` less the movement
+        its prefix load causes, ``move * load(v) / (L_j * q)``.
+
+        ``path / L_j`` is Smith's ratio for the sum of JCTs (a cut of the task's longest
+        path per second of it: a task near its end goes first); ``crit`` is 1 on the
+        task's longest path and decays with the slack to it, over a typical stage service
+        ``q``. Aging is added, not multiplied: after ``age_scale`` seconds a task is as
+        urgent as one with a single stage left, whatever its own length, so every task's
+        wait is bounded."""
+        q = max(self._mean_svc, 1e-9)
         w = weights[board.s_task]
         if self.path:
-            values = self.path * w * np.exp(-board.s_slack / m) * board.s_inv_len
-        elif self.aging:
-            values = w * board.s_inv_len
+            values = np.exp(-board.s_slack / q) * (self.path * board.s_inv_len + (w - 1.0) / q)
         else:
-            values = np.zeros_like(w)
+            values = (w - 1.0) / q
         if self.move:
-            values -= self.move * board.s_load * board.s_inv_len / m
+            values -= self.move * board.s_load * board.s_inv_len / q
         return values
 
     def _deferral_gain(self, ref: StageRef, weight: float) -> float:
