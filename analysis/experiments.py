@@ -1,0 +1,516 @@
+"""Shared helpers of the simulation studies ``compare_policies.py`` and ``ablation.py``.
+
+Not a script: the two studies put this folder on ``sys.path`` and ``import experiments``.
+
+- :func:`run_point`: one simulation (workload, load, seed, policy spec) -> one CSV row.
+  Every worker regenerates its instance from (workload, num_tasks, seed, load), so nothing
+  large crosses process boundaries.
+- :func:`run_grid`: many rows in parallel (joblib) with a tqdm bar that advances as runs
+  finish; the output keeps the order of the input jobs.
+- Paired statistics over seeds: :func:`paired_reduction` (mean relative change, 95% CI
+  half-width, Student t) and :func:`best_baseline` (per point and per metric).
+- Output: CSV and markdown rendering, PNG rendering to bytes, and :func:`write_outputs`,
+  which writes every file through a temporary file and ``os.replace``.
+- CLI validation shared by both scripts: bad input raises :class:`CliError`, which
+  :func:`run_cli` turns into one ``error: ...`` line on stderr and exit status 2, before
+  any run and before the output folder exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from topas.instance import Instance
+from topas.policies import BASELINES, make_policy, split_specs
+from topas.schedule import evaluate
+from topas.simulator import simulate
+from topas.workloads import WORKLOADS, generate
+
+TIMING = "calibrated"
+ABLATION_TERMS = ("path", "reuse", "move", "preempt", "aging")
+
+# Two-sided 95% critical values of Student's t, t_{0.975, df} for df = 1..30: the standard
+# table (e.g. NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2). Beyond
+# df = 30 the normal quantile 1.96 is used (t_{0.975, 30} = 2.042 is already within 4%).
+T_975: tuple[float, ...] = (
+    12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
+    2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
+    2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423,
+)  # fmt: skip
+Z_975 = 1.96
+
+# The leading columns of runs.csv; any further keys follow in first-seen order.
+RUN_COLUMNS = (
+    "workload",
+    "load",
+    "seed",
+    "policy",
+    "num_tasks",
+    "prediction_error",
+    "kv_scale",
+    "kv_capacity_tokens",
+    "mean_jct",
+    "p50_jct",
+    "p90_jct",
+    "p99_jct",
+    "max_jct",
+    "makespan",
+    "prefix_hit_rate",
+    "prefix_loads",
+    "preemptions",
+    "decision_time_p50_s",
+    "decision_time_p99_s",
+    "runtime_s",
+)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def make_instance(
+    workload: str, load: float, seed: int, num_tasks: int, kv_scale: float = 1.0, **gen_kwargs: Any
+) -> Instance:
+    """The instance of one point; ``kv_scale`` multiplies the family's default KV budget
+    (which depends on the drawn agents, hence on the seed)."""
+    inst = generate(workload, num_tasks=num_tasks, seed=seed, load=load, **gen_kwargs)
+    if kv_scale == 1.0:
+        return inst
+    kv = max(1, round(inst.server.kv_capacity_tokens * kv_scale))
+    return generate(
+        workload, num_tasks=num_tasks, seed=seed, load=load, kv_capacity_tokens=kv, **gen_kwargs
+    )
+
+
+def run_point(
+    workload: str,
+    load: float,
+    seed: int,
+    spec: str,
+    num_tasks: int,
+    prediction_error: float = 0.0,
+    kv_scale: float = 1.0,
+    **gen_kwargs: Any,
+) -> dict[str, Any]:
+    """Simulate one policy spec on one generated instance (calibrated timing) and return
+    its row: the arguments, the KV budget used, the metrics of :func:`evaluate` (JCTs in
+    seconds) and ``runtime_s``, the wall-clock time of the whole point (generate, simulate,
+    evaluate). ``prediction_error`` is the log-normal sigma on the output lengths the
+    policy is told, drawn from ``seed`` so every policy with that seed is told the same."""
+    start = time.perf_counter()
+    inst = make_instance(workload, load, seed, num_tasks, kv_scale, **gen_kwargs)
+    schedule = simulate(
+        inst, make_policy(spec), timing=TIMING, seed=seed, prediction_error=prediction_error
+    )
+    metrics = evaluate(schedule)
+    row: dict[str, Any] = {
+        "workload": workload,
+        "load": load,
+        "seed": seed,
+        "policy": spec,
+        "num_tasks": num_tasks,
+        "prediction_error": prediction_error,
+        "kv_scale": kv_scale,
+        "kv_capacity_tokens": inst.server.kv_capacity_tokens,
+        **gen_kwargs,
+    }
+    row.update(metrics.summary())
+    row["runtime_s"] = time.perf_counter() - start
+    return row
+
+
+def _indexed_run(index: int, job: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    return index, run_point(**job)
+
+
+def run_grid(
+    jobs: Sequence[Mapping[str, Any]], n_jobs: int, progress: bool = True
+) -> list[dict[str, Any]]:
+    """Run every job (keyword arguments of :func:`run_point`) on ``n_jobs`` processes.
+
+    Results arrive in completion order (so the bar advances as runs finish) and are put
+    back in the order of ``jobs``.
+    """
+    from joblib import Parallel, delayed
+
+    tasks = (delayed(_indexed_run)(i, dict(job)) for i, job in enumerate(jobs))
+    results: Iterable[tuple[int, dict[str, Any]]] = Parallel(
+        n_jobs=n_jobs, return_as="generator_unordered"
+    )(tasks)
+    if progress:
+        from tqdm import tqdm
+
+        results = tqdm(results, total=len(jobs), desc="runs", unit="run", file=sys.stderr)
+    rows: list[dict[str, Any] | None] = [None] * len(jobs)
+    for i, row in results:
+        rows[i] = row
+    assert all(r is not None for r in rows)
+    return rows  # type: ignore[return-value]
+
+
+def unique_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``jobs`` without repeats (first occurrence kept), e.g. a run two parts share."""
+    seen: set[tuple[tuple[str, Any], ...]] = set()
+    out: list[dict[str, Any]] = []
+    for job in jobs:
+        key = tuple(sorted(job.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(job))
+    return out
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def t_quantile_975(df: int) -> float:
+    """t_{0.975} with ``df`` degrees of freedom (table for 1..30, 1.96 beyond)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    return T_975[df - 1] if df <= len(T_975) else Z_975
+
+
+def paired_reduction(
+    topas_values: Sequence[float], base_values: Sequence[float]
+) -> tuple[float, float]:
+    """Mean over pairs of ``topas / base - 1`` in %, and the 95% CI half-width in %
+    (Student t with n-1 df; NaN with a single pair). Negative: the first is lower."""
+    a = np.asarray(topas_values, dtype=float)
+    b = np.asarray(base_values, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"need two equally long non-empty series, got {a.size} and {b.size}")
+    change = (a / b - 1.0) * 100.0
+    n = change.size
+    if n == 1:
+        return float(change[0]), math.nan
+    half = t_quantile_975(n - 1) * float(change.std(ddof=1)) / math.sqrt(n)
+    return float(change.mean()), half
+
+
+def select(rows: Iterable[Mapping[str, Any]], **match: Any) -> list[Mapping[str, Any]]:
+    """The rows whose fields equal every ``match`` value."""
+    return [r for r in rows if all(r[k] == v for k, v in match.items())]
+
+
+def by_seed(rows: Iterable[Mapping[str, Any]], metric: str) -> dict[int, float]:
+    return {int(r["seed"]): float(r[metric]) for r in rows}
+
+
+def paired(
+    rows: Sequence[Mapping[str, Any]], a: Mapping[str, Any], b: Mapping[str, Any], metric: str
+) -> tuple[list[float], list[float]]:
+    """``metric`` of the rows matching ``a`` and those matching ``b``, aligned on the seeds
+    both have."""
+    va, vb = by_seed(select(rows, **a), metric), by_seed(select(rows, **b), metric)
+    seeds = sorted(set(va) & set(vb))
+    return [va[s] for s in seeds], [vb[s] for s in seeds]
+
+
+def paired_change(
+    rows: Sequence[Mapping[str, Any]], a: Mapping[str, Any], b: Mapping[str, Any], metric: str
+) -> tuple[float, float]:
+    """:func:`paired_reduction` of ``a`` against ``b`` over their common seeds."""
+    return paired_reduction(*paired(rows, a, b, metric))
+
+
+def mean_of(rows: Iterable[Mapping[str, Any]], metric: str) -> float:
+    values = [float(r[metric]) for r in rows]
+    return float(np.mean(values)) if values else math.nan
+
+
+def best_baseline(rows: Sequence[Mapping[str, Any]], baselines: Sequence[str], metric: str) -> str:
+    """The baseline with the lowest mean ``metric`` over seeds among ``rows`` (the rows of
+    one point); ties go to the first in ``baselines``; baselines without rows are skipped."""
+    means = {b: mean_of(select(rows, policy=b), metric) for b in baselines}
+    present = [b for b in baselines if not math.isnan(means[b])]
+    if not present:
+        raise ValueError(f"no rows for any baseline of {list(baselines)}")
+    return min(present, key=lambda b: means[b])
+
+
+# Changes smaller than this (in %) are never flagged: the tables print one decimal, and
+# policies that differ in a few tie-breaks give consistent but negligible differences.
+NEGLIGIBLE_PCT = 0.1
+
+
+def worse_beyond_ci(change: float, half: float) -> bool:
+    """True when the change is positive, its 95% CI excludes 0 (needs >= 2 seeds) and it is
+    at least :data:`NEGLIGIBLE_PCT`."""
+    return not math.isnan(half) and change - half > 0 and change >= NEGLIGIBLE_PCT
+
+
+def significant(change: float, half: float) -> bool:
+    """The CI excludes 0 and the change is at least :data:`NEGLIGIBLE_PCT` either way."""
+    return not math.isnan(half) and abs(change) > half and abs(change) >= NEGLIGIBLE_PCT
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.10g}" if math.isfinite(v) else ""
+    return v
+
+
+def rows_to_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = RUN_COLUMNS) -> str:
+    """CSV text: ``columns`` present in the rows first, then any other keys."""
+    keys = [c for c in columns if any(c in r for r in rows)]
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(keys)
+    for r in rows:
+        w.writerow([_cell(r.get(k)) for k in keys])
+    return buf.getvalue()
+
+
+def md_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def fmt_s(x: float) -> str:
+    """Seconds with three significant digits or more."""
+    return f"{x:.1f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def fmt_change(change: float, half: float) -> str:
+    """``-12.3 ± 4.5`` (``± n/a`` with a single seed)."""
+    ci = "n/a" if math.isnan(half) else f"{half:.1f}"
+    return f"{change:+.1f} ± {ci}"
+
+
+def fmt_list(values: Sequence[Any]) -> str:
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+_MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*")
+
+
+def line_style(index: int, highlight: bool = False) -> dict[str, Any]:
+    """Plot keywords that keep overlapping lines apart; ``highlight``: thick and black."""
+    if highlight:
+        return {"color": "black", "lw": 2.2, "marker": "o", "ms": 4, "zorder": 5}
+    return {"marker": _MARKERS[index % len(_MARKERS)], "ms": 4, "lw": 1.2, "alpha": 0.85}
+
+
+def figure_png(fig: Any) -> bytes:
+    """A matplotlib Figure as PNG bytes."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    return buf.getvalue()
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename,
+    so ``path`` is either untouched or complete."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; honour the umask like open()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(out: Path, files: Mapping[str, str | bytes]) -> None:
+    """Create ``out`` if needed and write every file atomically. Callers render all the
+    content first, so an error while rendering leaves the folder as it was."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        write_atomic(out / name, data)
+
+
+def config_document(study: str, params: Mapping[str, Any], command: str) -> dict[str, Any]:
+    """config.json: the study, every parameter, the command, versions and the date."""
+    from topas.results import package_version
+
+    return {
+        "study": study,
+        **params,
+        "timing": TIMING,
+        "command": command,
+        "topas_version": package_version(),
+        "python": sys.version.split()[0],
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def runtime_line(rows: Sequence[Mapping[str, Any]], wall_s: float, n_jobs: int) -> str:
+    total = sum(float(r["runtime_s"]) for r in rows)
+    per = total / len(rows) if rows else math.nan
+    return (
+        f"{len(rows)} runs, {per:.2f} s per run on average; {wall_s:.1f} s wall-clock "
+        f"on {n_jobs} process(es)."
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+class CliError(ValueError):
+    """Bad command-line input: reported as one ``error: ...`` line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``error: ...`` line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message)
+
+
+def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str] | None = None) -> int:
+    """Call ``main(argv)``; a :class:`CliError` becomes one stderr line and status 2."""
+    try:
+        return main(list(sys.argv[1:] if argv is None else argv))
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _items(text: str) -> list[str]:
+    return list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+
+
+def parse_workloads(text: str) -> list[str]:
+    names = _items(text)
+    if not names:
+        raise CliError("--workloads: empty list")
+    for name in names:
+        if name not in WORKLOADS:
+            raise CliError(
+                f"--workloads: unknown workload {name!r} (choose from {', '.join(WORKLOADS)})"
+            )
+    return names
+
+
+def parse_floats(text: str, option: str, minimum: float, strict: bool) -> list[float]:
+    """Comma-separated finite floats, each > ``minimum`` (``strict``) or >= it."""
+    values: list[float] = []
+    for item in _items(text):
+        try:
+            v = float(item)
+        except ValueError:
+            raise CliError(f"{option}: expected a number, got {item!r}") from None
+        bad = not math.isfinite(v) or (v <= minimum if strict else v < minimum)
+        if bad:
+            relation = ">" if strict else ">="
+            raise CliError(f"{option}: {item!r} must be a finite number {relation} {minimum:g}")
+        values.append(v)
+    if not values:
+        raise CliError(f"{option}: empty list")
+    return list(dict.fromkeys(values))
+
+
+def parse_positive_float(text: str, option: str) -> float:
+    values = parse_floats(text, option, 0.0, strict=True)
+    if len(values) != 1:
+        raise CliError(f"{option}: expected one number, got {text!r}")
+    return values[0]
+
+
+def parse_positive_int(text: str, option: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise CliError(f"{option}: expected an integer, got {text!r}") from None
+    if n <= 0:
+        raise CliError(f"{option}: must be a positive integer, got {text!r}")
+    return n
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``N`` (no comma): seeds 0..N-1. ``a,b,...``: those seeds (``3,`` is seed 3 alone)."""
+    if "," not in text:
+        try:
+            n = int(text)
+        except ValueError:
+            raise CliError(f"--seeds: expected a count or a comma list, got {text!r}") from None
+        if n <= 0:
+            raise CliError(f"--seeds: empty seed list ({text!r})")
+        return list(range(n))
+    seeds: list[int] = []
+    for item in _items(text):
+        try:
+            s = int(item)
+        except ValueError:
+            raise CliError(f"--seeds: expected an integer seed, got {item!r}") from None
+        if s < 0:
+            raise CliError(f"--seeds: seeds must be >= 0, got {item!r}")
+        seeds.append(s)
+    if not seeds:
+        raise CliError(f"--seeds: empty seed list ({text!r})")
+    return list(dict.fromkeys(seeds))
+
+
+def parse_policies(text: str, option: str) -> list[str]:
+    """Comma-separated policy specs (``topas:reuse=0,aging=0`` stays one spec), each
+    checked with ``make_policy`` before anything runs."""
+    specs = list(dict.fromkeys(split_specs(text)))
+    if not specs:
+        raise CliError(f"{option}: empty list")
+    for spec in specs:
+        try:
+            make_policy(spec)
+        except Exception as e:  # any failure to build the policy is bad input
+            raise CliError(f"{option}: bad policy spec {spec!r}: {e}") from None
+    return specs
+
+
+def parse_jobs(text: str | None) -> int:
+    if text is None:
+        return os.cpu_count() or 1
+    return parse_positive_int(text, "--jobs")
+
+
+def check_out(path: str) -> Path:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out: {path!r} exists and is not a folder")
+    return out
+
+
+def check_instances(
+    workloads: Sequence[str], seeds: Sequence[int], load: float, num_tasks: int, kv_scale: float
+) -> None:
+    """With a non-default KV budget, generate each (workload, seed) once up front so a
+    budget too small for some stage is reported as bad input, not a worker traceback."""
+    if kv_scale == 1.0:
+        return
+    for w in workloads:
+        for s in seeds:
+            try:
+                make_instance(w, load, s, num_tasks, kv_scale)
+            except ValueError as e:
+                raise CliError(f"--kv-scale {kv_scale:g}: {w} seed {s}: {e}") from None
+
+
+def default_policies() -> str:
+    return ",".join([*BASELINES, "topas"])
+
+
+def ablation_variants() -> list[str]:
+    return ["topas", *(f"topas:{term}=0" for term in ABLATION_TERMS)]

@@ -1,0 +1,219 @@
+"""Tests of analysis/experiments.py, analysis/compare_policies.py and analysis/ablation.py."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ANALYSIS = ROOT / "analysis"
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(name, ANALYSIS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ex = _load("experiments")
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ANALYSIS / f"{name}.py"), *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_paired_reduction_hand_computed() -> None:
+    # Per seed topas/base - 1: 90/100-1 = -0.10, 80/100-1 = -0.20, 110/100-1 = +0.10.
+    # Mean: -0.20/3 = -0.066667 -> -6.6667%.
+    # Deviations from the mean: -0.033333, -0.133333, +0.166667; squares sum to
+    # 0.0011111 + 0.0177778 + 0.0277778 = 0.0466667; / (n-1 = 2) = 0.0233333;
+    # sd = 0.1527525; standard error = sd / sqrt(3) = 0.0881917.
+    # t_{0.975, 2} = 4.3027 -> half-width = 4.3027 * 0.0881917 = 0.379462 -> 37.9462%.
+    change, half = ex.paired_reduction([90.0, 80.0, 110.0], [100.0, 100.0, 100.0])
+    assert change == pytest.approx(-6.6667, abs=1e-4)
+    assert half == pytest.approx(37.9462, abs=1e-3)
+
+
+def test_paired_reduction_edge_cases() -> None:
+    # Two pairs: changes -10% and -20% -> mean -15%, sd = 7.0711, se = 5, t_{0.975,1} = 12.7062.
+    change, half = ex.paired_reduction([90.0, 40.0], [100.0, 50.0])
+    assert change == pytest.approx(-15.0)
+    assert half == pytest.approx(12.7062 * 5.0, rel=1e-6)
+    one, nan = ex.paired_reduction([5.0], [4.0])
+    assert one == pytest.approx(25.0) and math.isnan(nan)
+    with pytest.raises(ValueError):
+        ex.paired_reduction([1.0, 2.0], [1.0])
+
+
+def test_t_table() -> None:
+    assert ex.t_quantile_975(1) == pytest.approx(12.7062)
+    assert ex.t_quantile_975(4) == pytest.approx(2.7764)
+    assert ex.t_quantile_975(30) == pytest.approx(2.0423)
+    assert ex.t_quantile_975(31) == 1.96
+    assert list(ex.T_975) == sorted(ex.T_975, reverse=True)
+
+
+def _row(policy: str, seed: int, mean: float, p99: float) -> dict[str, object]:
+    return {"workload": "chain", "load": 1.0, "policy": policy, "seed": seed,
+            "mean_jct": mean, "p99_jct": p99}  # fmt: skip
+
+
+def test_best_baseline_per_metric() -> None:
+    rows = [
+        _row("fcfs", 0, 10.0, 50.0),
+        _row("fcfs", 1, 14.0, 52.0),  # mean 12, p99 51
+        _row("lpm", 0, 9.0, 60.0),
+        _row("lpm", 1, 13.0, 61.0),  # mean 11 (best), p99 60.5
+        _row("kvflow", 0, 11.0, 40.0),
+        _row("kvflow", 1, 15.0, 44.0),  # mean 13, p99 42 (best)
+        _row("topas", 0, 1.0, 1.0),  # not a baseline: never chosen
+        _row("topas", 1, 1.0, 1.0),
+    ]
+    baselines = ["fcfs", "lpm", "kvflow"]
+    assert ex.best_baseline(rows, baselines, "mean_jct") == "lpm"
+    assert ex.best_baseline(rows, baselines, "p99_jct") == "kvflow"
+    assert ex.best_baseline(rows, ["fcfs", "atlas"], "mean_jct") == "fcfs"  # atlas: no rows
+    tie = [_row("a", 0, 5.0, 5.0), _row("b", 0, 5.0, 5.0)]
+    assert ex.best_baseline(tie, ["b", "a"], "mean_jct") == "b"
+    change, _ = ex.paired_change(rows, {"policy": "topas"}, {"policy": "lpm"}, "mean_jct")
+    assert change == pytest.approx((1 / 9 - 1 + 1 / 13 - 1) / 2 * 100)
+
+
+def test_worse_beyond_ci() -> None:
+    assert ex.worse_beyond_ci(5.0, 2.0)
+    assert not ex.worse_beyond_ci(5.0, 6.0)
+    assert not ex.worse_beyond_ci(-5.0, 2.0)
+    assert not ex.worse_beyond_ci(5.0, math.nan)
+    assert not ex.worse_beyond_ci(0.001, 0.0)  # negligible
+
+
+def test_write_atomic_leaves_no_temp(tmp_path: Path) -> None:
+    ex.write_outputs(tmp_path / "o", {"a.txt": "x\n", "b.bin": b"\x00\x01"})
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.txt", "b.bin"]
+    assert (tmp_path / "o" / "b.bin").read_bytes() == b"\x00\x01"
+
+
+def test_run_grid_keeps_job_order() -> None:
+    jobs = [
+        {"workload": "chain", "load": 0.8, "seed": s, "spec": p, "num_tasks": 2}
+        for s in (1, 0)
+        for p in ("topas", "fcfs")
+    ]
+    rows = ex.run_grid(jobs, n_jobs=1, progress=False)
+    assert [(r["seed"], r["policy"]) for r in rows] == [(j["seed"], j["spec"]) for j in jobs]
+    assert all(r["mean_jct"] > 0 and r["runtime_s"] >= 0 for r in rows)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_compare_policies_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "compare"
+    args = ["--workloads", "chain", "--loads", "0.8,1.2", "--seeds", "2", "--tasks", "6"]
+    r = _script("compare_policies", *args, "--jobs", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    files = {"config.json", "runs.csv", "summary.md", "jct_vs_load.png"}
+    assert {p.name for p in out.iterdir()} == files
+    rows = _csv_rows(out / "runs.csv")
+    assert len(rows) == 1 * 2 * 2 * 6  # workloads x loads x seeds x policies
+    assert {row["policy"] for row in rows} == {"fcfs", "lpm", "cpf", "atlas", "kvflow", "topas"}
+    summary = (out / "summary.md").read_text()
+    assert summary == r.stdout
+    assert "## chain" in summary and "**chain**" in summary
+    table = [line for line in summary.splitlines() if line.startswith(("| 0.8 |", "| 1.2 |"))]
+    assert len(table) == 2
+    config = json.loads((out / "config.json").read_text())
+    assert config["seeds"] == [0, 1] and config["tasks"] == 6 and config["runs"] == 24
+    assert config["topas_version"] and config["date"]
+    assert (out / "jct_vs_load.png").stat().st_size > 1000
+
+
+def test_ablation_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "ablation"
+    args = ["--workloads", "metagpt-tl", "--seeds", "2", "--tasks", "5", "--sigmas", "0,0.5"]
+    r = _script("ablation", *args, "--jobs", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    files = {"config.json", "runs.csv", "summary.md", "ablation.png", "prediction_error.png"}
+    assert {p.name for p in out.iterdir()} == files
+    rows = _csv_rows(out / "runs.csv")
+    # 6 variants + 3 sweep policies x 2 sigmas, less full TOPAS at sigma 0 (shared), per seed
+    assert len(rows) == 2 * (6 + 3 * 2 - 1)
+    summary = (out / "summary.md").read_text()
+    assert summary == r.stdout
+    assert "### metagpt-tl" in summary and "load factor 1.2" in summary
+    for spec in ("topas:path=0", "topas:reuse=0", "topas:move=0", "topas:preempt=0"):
+        assert f"| {spec} |" in summary
+    assert "| kvflow | 0.5 |" in summary
+    for png in ("ablation.png", "prediction_error.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+BAD_INPUT = [
+    ("compare_policies", ["--workloads", "chain,nope"], "nope"),
+    ("compare_policies", ["--tasks", "0"], "--tasks"),
+    ("compare_policies", ["--tasks", "x"], "--tasks"),
+    ("compare_policies", ["--seeds", "0"], "--seeds"),
+    ("compare_policies", ["--seeds", ","], "--seeds"),
+    ("compare_policies", ["--policies", "fcfs,bogus"], "bogus"),
+    ("compare_policies", ["--policies", "topas:nosuch=1"], "nosuch"),
+    ("compare_policies", ["--loads", "0.8,-1"], "--loads"),
+    ("compare_policies", ["--kv-scale", "0.01"], "--kv-scale"),
+    ("compare_policies", ["--bogus-flag"], "--bogus-flag"),
+    ("ablation", ["--sweep-policies", "lpm,zzz"], "zzz"),
+    ("ablation", ["--sigmas", "-1"], "--sigmas"),
+    ("ablation", ["--workloads", "chain", "--load", "0"], "--load"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "culprit"), BAD_INPUT)
+def test_bad_input(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    script: str,
+    args: list[str],
+    culprit: str,
+) -> None:
+    out = tmp_path / "out"
+    module = _load(script)
+    assert module.ex.run_cli(module.main, [*args, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and culprit in lines[0]
+    assert captured.out == ""
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [("compare_policies", ["--workloads", "nope"]), ("ablation", ["--seeds", "0"])],
+)
+def test_bad_input_subprocess(tmp_path: Path, script: str, args: list[str]) -> None:
+    out = tmp_path / "out"
+    r = _script(script, *args, "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert not out.exists()
