@@ -23,6 +23,7 @@ and the residency of its agents, so only tasks that changed are recomputed.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ class _Shape:
     """What never changes about a task during a run, with stages by topological index."""
 
     refs: list[StageRef]
+    index: dict[str, int]  # stage id -> topological index
     agents: list[str]
     svc: list[float]  # predicted service, seconds
     load: list[float]  # seconds to load the stage's prefix
@@ -57,6 +59,13 @@ class _TaskView:
     upcoming: dict[str, float]  # agent -> max of exp(-ready_in/horizon) over unadmitted stages
     at: float  # the time of the analysis (running stages count what was left of them then)
 
+
+REFRESH_BUDGET = 4
+"""Tasks re-analysed per decision because a prefix they need changed residency (beyond
+those whose own stages changed, which always are). The move term follows residency at
+once; a task's path length may count a load that is no longer needed (or miss one) for a
+few decisions: with many tasks per agent, re-analysing all of them at every load or
+eviction would dominate the decision time."""
 
 VIEWS_PER_TASK = 4
 """Analyses kept per task (by epoch and residency of its agents): residency flips back
@@ -83,7 +92,7 @@ class _Reservation:
         return False
 
 
-MAX_MISFITS = 64
+MAX_MISFITS = 16
 """Waiting stages a decision examines that do not fit as they are, before it stops: bounds
 the time of a decision when memory, not the batch, is what limits admission."""
 
@@ -108,6 +117,10 @@ class TOPAS(Policy):
         self._view_cache: dict[str, dict[tuple, _TaskView]] = {}
         self._shapes: dict[str, _Shape] = {}
         self._view_epoch: dict[str, int] = {}
+        self._last_admit: list[StageRef] = []  # what the last decision admitted
+        self._stale: dict[str, None] = {}  # tasks whose agents' residency changed, in order
+        self._synced: State | None = None  # the state of the last sync, and its newest stamp
+        self._synced_epoch = 0
         self._svc: dict[StageRef, float] = {}
         self._load_s: dict[str, float] = {}
         self._mean_svc = 0.0
@@ -156,11 +169,12 @@ class TOPAS(Policy):
         if board is None:
             board = self._board = Scoreboard(state.prefixes)
             self._load_vec = np.array([self._load(state, a) for a in board.agents])
+            self._smallest_prefix = min((p.tokens for p in state.prefixes.values()), default=0)
             self._tasks_of_agent = {a: set() for a in board.agents}
         tasks = state.tasks
         for tid in board.tasks.of.keys() - tasks.keys():
             board.drop_task(tid)
-            for d in (self._views, self._view_cache, self._shapes, self._view_epoch):
+            for d in (self._views, self._view_cache, self._shapes, self._view_epoch, self._stale):
                 d.pop(tid, None)
             for a in self._agents_of.pop(tid):
                 self._tasks_of_agent[a].discard(tid)
@@ -175,19 +189,49 @@ class TOPAS(Policy):
             a for a, p in state.prefixes.items() if p.status != PrefixStatus.ABSENT
         )
         for a in resident ^ self._resident:
-            dirty |= self._tasks_of_agent[a]
+            # the move term of its waiting stages now; their tasks' paths (which count
+            # the load) within the refresh budget, oldest first
+            board.set_agent_load(a, 0.0 if a in resident else self._load(state, a))
+            self._stale.update(dict.fromkeys(self._tasks_of_agent[a]))
         self._resident = resident
         epoch = state.task_epoch
         seen = self._view_epoch
-        dirty.update(tid for tid, e in seen.items() if e != epoch[tid])
-        for ref in board.stages.of.keys() - state.waiting.keys():
-            board.drop_stage(ref)
+        same = state is self._synced
+        if same:  # only tasks changed since the last sync, newest first
+            for tid, e in reversed(epoch.items()):
+                if e <= self._synced_epoch:
+                    break
+                if seen.get(tid) != e:
+                    dirty.add(tid)
+        else:
+            dirty.update(tid for tid, e in seen.items() if e != epoch[tid])
+        self._synced = state
+        self._synced_epoch = next(reversed(epoch.values()), 0)
+        self._sync_waiting(state, board, same)
         for tid in dirty:
             self._reanalyse(state, board, tid)
             seen[tid] = epoch[tid]
-        for tid in {ref[0] for ref in state.waiting.keys() - board.stages.of.keys()}:
-            self._reanalyse(state, board, tid)  # not expected: a waiting stage is news
+            self._stale.pop(tid, None)
+        if len(board.stages.of) != len(state.waiting):  # not expected: a full difference
+            for ref in board.stages.of.keys() - state.waiting.keys():
+                board.drop_stage(ref)
+            for tid in {ref[0] for ref in state.waiting.keys() - board.stages.of.keys()}:
+                self._reanalyse(state, board, tid)
+        for tid in list(itertools.islice(self._stale, REFRESH_BUDGET)):
+            del self._stale[tid]
+            self._reanalyse(state, board, tid)
         return board
+
+    def _sync_waiting(self, state: State, board: Scoreboard, same: bool) -> None:
+        """Drop the stages that left the waiting queue. Stages leave it when admitted, so
+        in the state last decided on (``same``) only the last decision's admissions are
+        checked; :meth:`_sync` verifies the count and falls back to a full difference."""
+        if same:
+            gone = [r for r in self._last_admit if r not in state.waiting and r in board.stages.of]
+        else:
+            gone = list(board.stages.of.keys() - state.waiting.keys())
+        for ref in gone:
+            board.drop_stage(ref)
 
     def _reanalyse(self, state: State, board: Scoreboard, tid: str) -> None:
         key = (state.task_epoch[tid], self._resident & self._agents_of[tid])
@@ -206,7 +250,7 @@ class TOPAS(Policy):
             ref = shape.refs[i]
             agent = shape.agents[i]
             load = 0.0 if agent in self._resident else shape.load[i]
-            board.put_stage(ref, inv_len, view.length - tail, load, state.wait_stamp[ref])
+            board.put_stage(ref, agent, inv_len, view.length - tail, load, state.wait_stamp[ref])
 
     def _shape(self, state: State, tid: str) -> _Shape:
         """The static part of a task's analysis: its stages in topological order, their
@@ -219,6 +263,7 @@ class TOPAS(Policy):
             stages = [info.stages[sid] for sid in sids]
             shape = self._shapes[tid] = _Shape(
                 refs=[(tid, sid) for sid in sids],
+                index=pos,
                 agents=[s.agent for s in stages],
                 svc=[self._service(state, (tid, sid)) for sid in sids],
                 load=[self._load(state, s.agent) for s in stages],
@@ -309,6 +354,7 @@ class TOPAS(Policy):
 
     def decide(self, state: State) -> Decision:
         board, weights, retain = self._scores(state)
+        self._mean_age: float | None = None
         order = board.order(self._admission_values(board, weights))
         plan = state.plan()
         evict_rank = sorted(
@@ -364,6 +410,7 @@ class TOPAS(Policy):
                 plan.do_evict(a)
             plan.try_admit(ref)
         self._prefetch(state, plan, retain)
+        self._last_admit = list(plan.admit)
         return plan.decision()
 
     def _starving(self, state: State, board: Scoreboard, ref: StageRef) -> bool:
@@ -372,9 +419,9 @@ class TOPAS(Policy):
         age = state.age(ref[0])
         if age < self._age_scale():
             return False
-        live = board.live
-        mean_age = state.time - float(board.release[live].mean())
-        return age >= self.reserve * mean_age
+        if self._mean_age is None:  # once per decision
+            self._mean_age = state.time - float(board.release[board.live].mean())
+        return age >= self.reserve * self._mean_age
 
     def _reservation(self, state: State, ref: StageRef, shortfall: int) -> _Reservation:
         """When running stages will have freed ``shortfall`` more tokens for ``ref``, by
@@ -427,7 +474,7 @@ class TOPAS(Policy):
         a typical stage service: the expected cut in its task's longest path."""
         tid = ref[0]
         view = self._views[tid]
-        i = self._shapes[tid].refs.index(ref)
+        i = self._shapes[tid].index[ref[1]]
         q = max(self._mean_svc, 1e-9)
         tail = view.tails[i]
         cut = min(q, max(0.0, q + tail - max(view.slack_ref[i], tail)))
@@ -456,15 +503,20 @@ class TOPAS(Policy):
         return chosen if freed >= need else None
 
     def _prefetch(self, state, plan, retain) -> None:  # type: ignore[no-untyped-def]
-        """Load absent prefixes whose near-term reuse outweighs the load, if they fit."""
+        """Load absent prefixes whose near-term reuse outweighs half the load, best first,
+        if they fit without evicting anything."""
         if not (self.reuse and retain):
             return
-        for agent, value in sorted(retain.items(), key=lambda kv: -kv[1]):
-            if value <= 0.0:
+        board = self._board
+        values = np.fromiter(retain.values(), float, len(retain))
+        worth = np.flatnonzero(
+            (values > 0.0) & (self.reuse * values >= self.move * 0.5 * self._load_vec)
+        )
+        for i in worth[np.argsort(-values[worth], kind="stable")].tolist():
+            if plan.free_kv < self._smallest_prefix:
                 break
-            if plan.status(agent) != PrefixStatus.ABSENT:
-                continue
-            if self.reuse * value >= self.move * self._load(state, agent) * 0.5:
+            agent = board.agents[i]
+            if plan.status(agent) == PrefixStatus.ABSENT:
                 plan.do_load(agent)
 
     # ------------------------------------------------------------------ retraction

@@ -41,7 +41,8 @@ class _Slots:
 class Scoreboard:
     """Per-stage and per-task score inputs of the waiting stages of one run.
 
-    Stage columns (one slot per waiting stage): ``task`` (its task's slot), ``inv_len``
+    Stage columns (one slot per waiting stage): ``task`` (its task's slot), ``agent``
+    (index into ``agents``), ``inv_len``
     (1 / the task's remaining path), ``slack`` (path length minus the longest path through
     the stage), ``load`` (seconds to load its prefix, 0 if resident when last analysed) and
     ``stamp`` (the state's wait stamp, for first-come tie-breaking). Task columns:
@@ -71,6 +72,7 @@ class Scoreboard:
 
     def _grow_stages(self, n: int) -> None:
         self.s_task = _resized(getattr(self, "s_task", None), n, dtype=np.int64)
+        self.s_agent = _resized(getattr(self, "s_agent", None), n, dtype=np.int64)
         self.s_inv_len = _resized(getattr(self, "s_inv_len", None), n)
         self.s_slack = _resized(getattr(self, "s_slack", None), n)
         self.s_load = _resized(getattr(self, "s_load", None), n)
@@ -104,7 +106,7 @@ class Scoreboard:
     # ------------------------------------------------------------------ stages
 
     def put_stage(
-        self, ref: StageRef, inv_len: float, slack: float, load: float, stamp: float
+        self, ref: StageRef, agent: str, inv_len: float, slack: float, load: float, stamp: float
     ) -> None:
         slot = self.stages.of.get(ref)
         if slot is None:
@@ -114,10 +116,15 @@ class Scoreboard:
             self.s_ref[slot] = ref
             self.s_valid[slot] = True
             self.s_task[slot] = self.tasks.of[ref[0]]
+            self.s_agent[slot] = self.agent_index[agent]
         self.s_inv_len[slot] = inv_len
         self.s_slack[slot] = slack
         self.s_load[slot] = load
         self.s_stamp[slot] = stamp
+
+    def set_agent_load(self, agent: str, load: float) -> None:
+        """Every waiting stage of ``agent`` now needs ``load`` seconds of prefix load."""
+        self.s_load[self.s_valid & (self.s_agent == self.agent_index[agent])] = load
 
     def drop_stage(self, ref: StageRef) -> None:
         slot = self.stages.remove(ref)

@@ -151,7 +151,9 @@ class State:
     # stage ran (start to end), for attained-service policies
     unfinished: dict[str, int] = field(default_factory=dict)  # task -> stages not done
     task_epoch: dict[str, int] = field(default_factory=dict)  # task -> stamp of its last
-    # phase change, unique across all states: policies cache per-task results by it
+    # phase change, unique across all states: policies cache per-task results by it.
+    # Ordered by stamp (the last changed task last), so a policy can read the tasks
+    # changed since stamp e from the end: ``reversed(state.task_epoch.items())``
 
     # ------------------------------------------------------------------ construction
 
@@ -236,6 +238,7 @@ _EPOCHS = itertools.count(1)
 
 def _touch(state: State, task_id: str) -> None:
     """Record that a stage of ``task_id`` changed phase."""
+    state.task_epoch.pop(task_id, None)  # re-insert: the dict stays ordered by stamp
     state.task_epoch[task_id] = next(_EPOCHS)
 
 
