@@ -40,7 +40,7 @@ from topas.simulator import simulate
 from topas.workloads import WORKLOADS, generate
 
 TIMING = "calibrated"
-ABLATION_TERMS = ("path", "reuse", "move", "preempt", "aging")
+ABLATION_TERMS = ("path", "reuse", "move", "preempt", "aging", "reserve")
 
 # Two-sided 95% critical values of Student's t, t_{0.975, df} for df = 1..30: the standard
 # table (e.g. NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2). Beyond

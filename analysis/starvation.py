@@ -12,10 +12,13 @@ twice as long as a hot one, so a shortest-path-first order defers it too and onl
 Two ways to keep the server full (``--bounds``): ``slots`` (``max_running`` binds; the
 KV budget holds both prefixes and two batches) and ``memory`` (no request cap; the KV
 budget holds the hot prefix and a batch of hot stages, so the cold stage needs its prefix
-loaded into memory the hot stages keep taking). Calibrated timing, the default cost model.
+loaded into memory the hot stages keep taking; aging ranks it first, but only ``topas``'s
+``reserve`` term, which keeps freed memory for it, lets it in). Calibrated timing, the
+default cost model.
 
     python analysis/starvation.py [--lengths 160,320,640,1280] [--seeds 0,1]
-        [--policies lpm,topas,topas:aging=0] [--bounds slots,memory] [--out DIR]
+        [--policies lpm,topas,topas:aging=0,topas:reserve=0] [--bounds slots,memory]
+        [--out DIR]
 
 Writes results/starvation/{summary.md, runs.csv, cold_jct.png} and prints the summary
 (about a minute with the defaults).
@@ -56,7 +59,7 @@ MIN_LENGTH = COLD_AFTER + 1
 FLAT = 1.5  # a cold-task JCT counts as flat if the longest stream's is <= FLAT x the shortest's
 BOUNDS = ("slots", "memory")
 DEFAULT_LENGTHS = (160, 320, 640, 1280)
-DEFAULT_POLICIES = ("lpm", "topas", "topas:aging=0")
+DEFAULT_POLICIES = ("lpm", "topas", "topas:aging=0", "topas:reserve=0")
 COLD_TASK = "cold"
 
 

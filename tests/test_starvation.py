@@ -68,7 +68,11 @@ def test_lpm_cold_task_waits_for_the_whole_stream(slots_rows) -> None:
 def test_topas_cold_task_stays_flat(slots_rows) -> None:
     ratios = _ratios(slots_rows, "topas")
     assert max(ratios.values()) <= FLAT, ratios
-    assert max(_ratios(slots_rows, "topas", "max_jct_s").values()) <= FLAT
+    # the stream overloads the server by 3%, so the hot backlog grows with it and so does
+    # the wait of the hot tasks at its end under any order that ages them (measured:
+    # topas's max JCT 2.6x at 8x, against lpm's 7.95x, which is the cold task's)
+    k = FACTORS[LENGTHS[-1]]
+    assert _ratios(slots_rows, "topas", "max_jct_s")[LENGTHS[-1]] <= 0.5 * k
     cold = {r.length: r.cold_jct_s for r in slots_rows if r.policy == "topas"}
     lpm = {r.length: r.cold_jct_s for r in slots_rows if r.policy == "lpm"}
     assert cold[LENGTHS[-1]] < lpm[LENGTHS[0]]  # bounded below even the shortest stream's wait

@@ -1,24 +1,33 @@
 """The TOPAS policy: prefix retention and admission decided together.
 
-At a scheduling point TOPAS builds a post-decision state greedily and scores each step of
-the construction with the terms of ``DESIGN.md``:
+At a scheduling point TOPAS builds the post-decision state greedily, best candidate
+first, and scores each step of the construction with the terms of ``DESIGN.md``
+(docs/topas.md has the derivation, the defaults and the measurements):
 
 - **path**: per task ``j`` the longest remaining service path ``L_j`` in predicted seconds,
-  including the load time of every prefix on it that is not resident. Admitting a waiting
-  stage that lies on (or near) that path cuts the task's expected completion by the
-  deferral it avoids; by Smith's rule for the sum of JCTs the value of that cut is taken per
-  second of remaining path, so a task near its end goes first (``w_j * crit(v) / L_j``).
-- **reuse**: a resident prefix is worth the reloads it saves its agent's stages that are
-  ready or become ready within ``horizon`` (discounted by how soon):
-  ``R(a) = load_s(a) * sum_u w_u * exp(-ready_in(u) / horizon)``.
-- **move**: an admission that needs its prefix loaded pays ``load_s``; an eviction forfeits
-  the evicted prefix's reuse value.
-- **preempt**: the retraction victim minimises the work lost plus its task's path value.
-- **aging**: ``w_j = 1 + aging * age_j / age_scale``, so no task waits without bound.
+  including the load time of every prefix on it that is not resident (a running stage
+  counts what is left of it). Starting a waiting stage on (or near, ``crit``) that path
+  cuts the task's expected completion; by Smith's rule for the sum of JCTs that cut is
+  worth ``crit(v) / L_j`` per second, so a task near its end goes first.
+- **reuse**: a resident prefix is worth the reloads it saves the tasks whose next stage of
+  that agent is ready or becomes ready soon (discounted over ``horizon``):
+  ``R(a) = load_s(a) * sum_j w_j * max_u exp(-ready_in(u) / horizon)``. An admission that
+  needs evictions is held back when the evicted prefixes' ``R`` exceeds the gain of
+  starting it now; absent prefixes with ``R >= move * load_s / 2`` are prefetched.
+- **move**: an admission that needs its prefix loaded pays ``load_s`` (per second of its
+  task's path); an eviction forfeits the evicted prefix's ``R``.
+- **preempt**: the retraction victim minimises the work it loses plus its task's value.
+- **aging**: ``w_j = 1 + aging * age_j / age_scale``; the admission value adds
+  ``(w_j - 1) / q`` to the Smith ratio, so after ``age_scale`` a task ranks with one that
+  has a single stage left, whatever its length.
+- **reserve**: a stage whose task has waited ``reserve`` times the mean age of the
+  released tasks, and cannot fit even after evictions, gets the memory that running
+  stages free (EASY backfilling): so a large cold stage is not starved by small hot ones.
 
-Every term has a weight (``path``, ``reuse``, ``move``, ``preempt``, ``aging``); 0
-switches it off: ``topas:reuse=0,aging=0``. Per-task paths are cached by the task's epoch
-and the residency of its agents, so only tasks that changed are recomputed.
+Every term has a weight; 0 switches it off: ``topas:reuse=0,aging=0``. Per-task analyses
+are cached by the task's epoch and the residency of its agents, and per-stage score inputs
+live in numpy slot arrays (:mod:`topas.scoreboard`), so a decision re-analyses only the
+tasks that changed and scores thousands of waiting stages in a few vector operations.
 """
 
 from __future__ import annotations
@@ -107,8 +116,8 @@ class TOPAS(Policy):
     preempt: float = 1.0
     aging: float = 1.0
     horizon: float = 0.0  # seconds; 0 = 4 x the mean predicted stage service
-    age_scale: float = 0.0  # seconds; 0 = 20 x the mean predicted stage service
-    reserve: float = 2.0  # task weight from which a stage that cannot fit reserves memory
+    age_scale: float = 0.0  # seconds; 0 = the mean predicted critical path of a task
+    reserve: float = 2.0  # age, in mean task ages, from which a stage may reserve memory
     name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -125,6 +134,8 @@ class TOPAS(Policy):
         self._load_s: dict[str, float] = {}
         self._mean_svc = 0.0
         self._n_svc = 0
+        self._mean_path = 0.0  # mean predicted critical path of the tasks seen (no loads)
+        self._n_path = 0
         self._board: Scoreboard | None = None
         self._resident: frozenset[str] = frozenset()
         self._tasks_of_agent: dict[str, set[str]] = {}
@@ -152,7 +163,7 @@ class TOPAS(Policy):
         return s
 
     def _age_scale(self) -> float:
-        return self.age_scale or 20.0 * max(self._mean_svc, 1e-9)
+        return self.age_scale or max(self._mean_path, 1e-9)
 
     def _horizon(self) -> float:
         return self.horizon or 4.0 * max(self._mean_svc, 1e-9)
@@ -270,6 +281,11 @@ class TOPAS(Policy):
                 children=[[pos[c] for c in s.children] for s in stages],
                 deps=[[pos[d] for d in s.deps] for s in stages],
             )
+            tail = [0.0] * len(sids)
+            for i in range(len(sids) - 1, -1, -1):
+                tail[i] = shape.svc[i] + max((tail[c] for c in shape.children[i]), default=0.0)
+            self._n_path += 1
+            self._mean_path += (max(tail, default=0.0) - self._mean_path) / self._n_path
         return shape
 
     def _analyse(self, state: State, tid: str) -> _TaskView:
