@@ -24,11 +24,8 @@ atomically, after every run has finished) and prints summary.md. Bad input: one
 
 from __future__ import annotations
 
-import json
 import math
-import shlex
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -274,23 +271,17 @@ def plot_prediction_error(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, A
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
-    command = shlex.join(["python", "analysis/ablation.py", *argv])
-    jobs = make_jobs(cfg)
-    start = time.perf_counter()
-    rows = ex.run_grid(jobs, cfg["jobs"], progress=not args.no_progress)
-    wall_s = time.perf_counter() - start
-    summary = summarize(rows, cfg, command, wall_s)
-    params = {**cfg, "runs": len(rows), "wall_s": round(wall_s, 3)}
-    files = {
-        "config.json": json.dumps(ex.config_document("ablation", params, command), indent=1) + "\n",
-        "runs.csv": ex.rows_to_csv(rows),
-        "summary.md": summary,
-        "ablation.png": plot_ablation(rows, cfg),
-        "prediction_error.png": plot_prediction_error(rows, cfg),
-    }
-    ex.write_outputs(Path(cfg["out"]), files)
-    print(summary, end="")
-    return 0
+    plots = {"ablation.png": plot_ablation, "prediction_error.png": plot_prediction_error}
+    return ex.run_study(
+        "ablation",
+        "analysis/ablation.py",
+        argv,
+        cfg,
+        make_jobs(cfg),
+        summarize,
+        plots,
+        not args.no_progress,
+    )
 
 
 if __name__ == "__main__":

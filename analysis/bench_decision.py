@@ -57,6 +57,9 @@ from topas.state import (
     release_task,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import experiments as ex  # noqa: E402
+
 MAX_RUNNING = 64
 PREFIX_RANGE = (1024, 4096)  # tokens of an agent's prefix, uniform
 INPUT_RANGE = (64, 512)  # a stage's own input tokens, uniform
@@ -429,23 +432,6 @@ def runs_json(runs: Sequence[Run], cfg: Config, command: str) -> str:
 # --------------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad input raises ValueError, reported by :func:`main` in one line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ValueError(message)
-
-
-def _ints(text: str, name: str, least: int) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < least:
-        raise ValueError(f"{name}: expected integers >= {least}, got {text!r}")
-    return tuple(dict.fromkeys(vals))
-
-
 def _at_least(value: int, name: str, least: int) -> int:
     if value < least:
         raise ValueError(f"{name}: expected an integer >= {least}, got {value}")
@@ -453,7 +439,7 @@ def _at_least(value: int, name: str, least: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(description=__doc__.splitlines()[0])
+    ap = ex.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     ap.add_argument("--agents", default=",".join(map(str, DEFAULT_AGENTS)))
     ap.add_argument("--waiting", default=",".join(map(str, DEFAULT_WAITING)))
@@ -475,8 +461,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     quick = args.quick
     return Config(
         policies=policies,
-        agents=_ints(args.agents, "--agents", 1),
-        waiting=QUICK_WAITING if quick else _ints(args.waiting, "--waiting", 1),
+        agents=ex.parse_int_list(args.agents, "--agents", 1),
+        waiting=QUICK_WAITING if quick else ex.parse_int_list(args.waiting, "--waiting", 1),
         decisions=10 if quick else _at_least(args.decisions, "--decisions", 1),
         decisions_large=10 if quick else _at_least(args.decisions_large, "--decisions-large", 1),
         warmup=3 if quick else _at_least(args.warmup, "--warmup", 0),

@@ -21,10 +21,7 @@ atomically, after every run has finished) and prints summary.md. Bad input: one
 
 from __future__ import annotations
 
-import json
-import shlex
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -240,23 +237,17 @@ def plot_jct_vs_load(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
-    command = shlex.join(["python", "analysis/compare_policies.py", *argv])
-    jobs = make_jobs(cfg)
-    start = time.perf_counter()
-    rows = ex.run_grid(jobs, cfg["jobs"], progress=not args.no_progress)
-    wall_s = time.perf_counter() - start
-    summary = summarize(rows, cfg, command, wall_s)
-    params = {**cfg, "runs": len(rows), "wall_s": round(wall_s, 3)}
-    files = {
-        "config.json": json.dumps(ex.config_document("compare policies", params, command), indent=1)
-        + "\n",
-        "runs.csv": ex.rows_to_csv(rows),
-        "summary.md": summary,
-        "jct_vs_load.png": plot_jct_vs_load(rows, cfg),
-    }
-    ex.write_outputs(Path(cfg["out"]), files)
-    print(summary, end="")
-    return 0
+    plots = {"jct_vs_load.png": plot_jct_vs_load}
+    return ex.run_study(
+        "compare policies",
+        "analysis/compare_policies.py",
+        argv,
+        cfg,
+        make_jobs(cfg),
+        summarize,
+        plots,
+        not args.no_progress,
+    )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -344,6 +346,35 @@ def write_outputs(out: Path, files: Mapping[str, str | bytes]) -> None:
         write_atomic(out / name, data)
 
 
+def run_study(
+    study: str,
+    script: str,
+    argv: Sequence[str],
+    cfg: Mapping[str, Any],
+    jobs: list[dict[str, Any]],
+    summarize: Callable[..., str],
+    plots: Mapping[str, Callable[[list[dict[str, Any]], Mapping[str, Any]], bytes]],
+    progress: bool,
+) -> int:
+    """Run ``jobs``, then render config.json, runs.csv, summary.md and ``plots`` (name ->
+    renderer) and write them all into ``cfg["out"]``; print the summary."""
+    command = shlex.join(["python", script, *argv])
+    start = time.perf_counter()
+    rows = run_grid(jobs, cfg["jobs"], progress=progress)
+    wall_s = time.perf_counter() - start
+    summary = summarize(rows, cfg, command, wall_s)
+    params = {**cfg, "runs": len(rows), "wall_s": round(wall_s, 3)}
+    files: dict[str, str | bytes] = {
+        "config.json": json.dumps(config_document(study, params, command), indent=1) + "\n",
+        "runs.csv": rows_to_csv(rows),
+        "summary.md": summary,
+    }
+    files.update({name: render(rows, cfg) for name, render in plots.items()})
+    write_outputs(Path(cfg["out"]), files)
+    print(summary, end="")
+    return 0
+
+
 def config_document(study: str, params: Mapping[str, Any], command: str) -> dict[str, Any]:
     """config.json: the study, every parameter, the command, versions and the date."""
     from topas.results import package_version
@@ -430,6 +461,17 @@ def parse_positive_float(text: str, option: str) -> float:
     if len(values) != 1:
         raise CliError(f"{option}: expected one number, got {text!r}")
     return values[0]
+
+
+def parse_int_list(text: str, option: str, least: int) -> tuple[int, ...]:
+    """Comma-separated integers, each >= ``least``, duplicates dropped (order kept)."""
+    try:
+        values = tuple(int(x) for x in _items(text))
+    except ValueError:
+        raise CliError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < least:
+        raise CliError(f"{option}: expected integers >= {least}, got {text!r}")
+    return tuple(dict.fromkeys(values))
 
 
 def parse_positive_int(text: str, option: str) -> int:

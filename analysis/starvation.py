@@ -44,6 +44,9 @@ from topas.policies import make_policy, split_specs
 from topas.schedule import Schedule, evaluate
 from topas.simulator import simulate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import experiments as ex  # noqa: E402
+
 HOT_PREFIX = 2048  # tokens of the hot agent's system prompt
 COLD_PREFIX = 2048  # tokens of the cold agent's system prompt
 INPUT = 256  # every stage's own input tokens
@@ -353,25 +356,8 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad input raises ValueError, reported by :func:`main` in one line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ValueError(message)
-
-
-def _ints(text: str, name: str, least: int) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < least:
-        raise ValueError(f"{name}: expected integers >= {least}, got {text!r}")
-    return tuple(dict.fromkeys(vals))
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(description=__doc__.splitlines()[0])
+    ap = ex.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     ap.add_argument("--seeds", default="0,1")
@@ -385,8 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["python", "analysis/starvation.py", *argv])
     try:
         args = build_parser().parse_args(argv)
-        lengths = _ints(args.lengths, "--lengths", MIN_LENGTH)
-        seeds = _ints(args.seeds, "--seeds", 0)
+        lengths = ex.parse_int_list(args.lengths, "--lengths", MIN_LENGTH)
+        seeds = ex.parse_int_list(args.seeds, "--seeds", 0)
         policies = list(dict.fromkeys(split_specs(args.policies)))
         bounds = [b.strip() for b in args.bounds.split(",") if b.strip()]
         if not policies:

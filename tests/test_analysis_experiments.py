@@ -159,8 +159,9 @@ def test_ablation_end_to_end(tmp_path: Path) -> None:
     files = {"config.json", "runs.csv", "summary.md", "ablation.png", "prediction_error.png"}
     assert {p.name for p in out.iterdir()} == files
     rows = _csv_rows(out / "runs.csv")
-    # 6 variants + 3 sweep policies x 2 sigmas, less full TOPAS at sigma 0 (shared), per seed
-    assert len(rows) == 2 * (6 + 3 * 2 - 1)
+    # full TOPAS and one variant per term (path, reuse, move, preempt, aging, reserve) + 3
+    # sweep policies x 2 sigmas, less full TOPAS at sigma 0 (shared), per seed
+    assert len(rows) == 2 * (7 + 3 * 2 - 1)
     summary = (out / "summary.md").read_text()
     assert summary == r.stdout
     assert "### metagpt-tl" in summary and "load factor 1.2" in summary
