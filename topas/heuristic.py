@@ -425,7 +425,10 @@ class TOPAS(Policy):
             for a in victims:
                 plan.do_evict(a)
             plan.try_admit(ref)
-        self._prefetch(state, plan, retain)
+        if not (misfits and self.ctx.timing == "calibrated"):
+            # an SGLang-style load is a prefill that competes with the stages' own: while
+            # memory binds admission, the stages that fit come first
+            self._prefetch(state, plan, retain)
         self._last_admit = list(plan.admit)
         return plan.decision()
 
