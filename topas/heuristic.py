@@ -127,6 +127,7 @@ class TOPAS(Policy):
         self._shapes: dict[str, _Shape] = {}
         self._view_epoch: dict[str, int] = {}
         self._last_admit: list[StageRef] = []  # what the last decision admitted
+        self._active: set[str] = set()  # tasks with stages running or just admitted
         self._stale: dict[str, None] = {}  # tasks whose agents' residency changed, in order
         self._synced: State | None = None  # the state of the last sync, and its newest stamp
         self._synced_epoch = 0
@@ -174,7 +175,11 @@ class TOPAS(Policy):
         """Bring the scoreboard and the per-task views in step with ``state``.
 
         Only tasks whose epoch changed, new tasks and tasks using an agent whose residency
-        changed since the last sync are re-analysed.
+        changed since the last sync are re-analysed. In the state last synced (the
+        engine's, changed in place) the changed tasks are read from the end of the
+        stamp-ordered ``task_epoch`` and finished tasks among those that had stages
+        running, so a sync costs what changed, not what is queued; any other state, or a
+        count that does not add up, gets full set differences.
         """
         board = self._board
         if board is None:
@@ -182,20 +187,33 @@ class TOPAS(Policy):
             self._load_vec = np.array([self._load(state, a) for a in board.agents])
             self._smallest_prefix = min((p.tokens for p in state.prefixes.values()), default=0)
             self._tasks_of_agent = {a: set() for a in board.agents}
-        tasks = state.tasks
-        for tid in board.tasks.of.keys() - tasks.keys():
-            board.drop_task(tid)
-            for d in (self._views, self._view_cache, self._shapes, self._view_epoch, self._stale):
-                d.pop(tid, None)
-            for a in self._agents_of.pop(tid):
-                self._tasks_of_agent[a].discard(tid)
-        dirty = set(tasks.keys() - board.tasks.of.keys())
-        for tid in dirty:
-            board.add_task(tid, tasks[tid].release)
-            agents = frozenset(s.agent for s in tasks[tid].stages.values())
-            self._agents_of[tid] = agents
-            for a in agents:
-                self._tasks_of_agent[a].add(tid)
+        tasks, epoch, seen = state.tasks, state.task_epoch, self._view_epoch
+        same = state is self._synced
+        if same:
+            changed = []
+            for tid, e in reversed(epoch.items()):  # newest first
+                if e <= self._synced_epoch:
+                    break
+                changed.append(tid)
+            gone = [tid for tid in self._active if tid not in tasks]
+            new = [tid for tid in changed if tid not in board.tasks.of]
+        else:
+            gone = list(board.tasks.of.keys() - tasks.keys())
+            new = list(tasks.keys() - board.tasks.of.keys())
+        for tid in gone:
+            self._forget(board, tid)
+        for tid in new:
+            self._register(state, board, tid)
+        if len(board.tasks.of) != len(tasks):  # not expected: a full difference
+            same = False
+            for tid in board.tasks.of.keys() - tasks.keys():
+                self._forget(board, tid)
+            for tid in tasks.keys() - board.tasks.of.keys():
+                self._register(state, board, tid)
+        if same:
+            dirty = {tid for tid in changed if seen.get(tid) != epoch[tid]}
+        else:
+            dirty = {tid for tid in tasks if seen.get(tid) != epoch[tid]}
         resident = frozenset(
             a for a, p in state.prefixes.items() if p.status != PrefixStatus.ABSENT
         )
@@ -205,17 +223,6 @@ class TOPAS(Policy):
             board.set_agent_load(a, 0.0 if a in resident else self._load(state, a))
             self._stale.update(dict.fromkeys(self._tasks_of_agent[a]))
         self._resident = resident
-        epoch = state.task_epoch
-        seen = self._view_epoch
-        same = state is self._synced
-        if same:  # only tasks changed since the last sync, newest first
-            for tid, e in reversed(epoch.items()):
-                if e <= self._synced_epoch:
-                    break
-                if seen.get(tid) != e:
-                    dirty.add(tid)
-        else:
-            dirty.update(tid for tid, e in seen.items() if e != epoch[tid])
         self._synced = state
         self._synced_epoch = next(reversed(epoch.values()), 0)
         self._sync_waiting(state, board, same)
@@ -231,7 +238,22 @@ class TOPAS(Policy):
         for tid in list(itertools.islice(self._stale, REFRESH_BUDGET)):
             del self._stale[tid]
             self._reanalyse(state, board, tid)
+        self._active = {ref[0] for ref in state.running}
         return board
+
+    def _register(self, state: State, board: Scoreboard, tid: str) -> None:
+        board.add_task(tid, state.tasks[tid].release)
+        agents = frozenset(s.agent for s in state.tasks[tid].stages.values())
+        self._agents_of[tid] = agents
+        for a in agents:
+            self._tasks_of_agent[a].add(tid)
+
+    def _forget(self, board: Scoreboard, tid: str) -> None:
+        board.drop_task(tid)
+        for d in (self._views, self._view_cache, self._shapes, self._view_epoch, self._stale):
+            d.pop(tid, None)
+        for a in self._agents_of.pop(tid):
+            self._tasks_of_agent[a].discard(tid)
 
     def _sync_waiting(self, state: State, board: Scoreboard, same: bool) -> None:
         """Drop the stages that left the waiting queue. Stages leave it when admitted, so
@@ -430,6 +452,7 @@ class TOPAS(Policy):
             # memory binds admission, the stages that fit come first
             self._prefetch(state, plan, retain)
         self._last_admit = list(plan.admit)
+        self._active.update(ref[0] for ref in plan.admit)
         return plan.decision()
 
     def _starving(self, state: State, board: Scoreboard, ref: StageRef) -> bool:
