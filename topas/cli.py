@@ -134,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--no-progress", action="store_true")
     gp.set_defaults(func=cmd_gap)
 
+    sb = sub.add_parser(
+        "serve-bench", help="replay an instance against a running SGLang server (live JCTs)"
+    )
+    sb.add_argument("instance")
+    sb.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    sb.add_argument("--out", required=True, help="result file to write (topas-result/1)")
+    sb.add_argument("--label", default="sglang", help="what to call the server's policy")
+    sb.add_argument("--seed", type=int, default=0, help="token ids of prompts and inputs")
+    sb.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    sb.set_defaults(func=cmd_serve_bench)
+
     d = sub.add_parser("demo", help="compare the baselines on a built-in default workload")
     d.add_argument("--workload", default="metagpt-sop")
     d.add_argument("--tasks", type=int, default=200)
@@ -237,6 +248,25 @@ def cmd_compare(args: argparse.Namespace) -> None:
     if args.csv:
         write_text_atomic(args.csv, format_csv(rows))
     print(table)
+
+
+def cmd_serve_bench(args: argparse.Namespace) -> None:
+    from topas.serve_bench import LIVE, ServeBenchError, replay
+
+    inst = load_instance(args.instance)
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise CliError(f"--timeout: must be a positive number, got {args.timeout}")
+    t0 = time.perf_counter()
+    try:
+        schedule = replay(inst, args.url, seed=args.seed, timeout=args.timeout)
+    except ServeBenchError as e:
+        raise CliError(str(e)) from None
+    metrics = evaluate(schedule)
+    doc = result_document(
+        inst, schedule, metrics, args.label, args.seed, LIVE, time.perf_counter() - t0
+    )
+    write_result(doc, args.out)
+    print(format_table([(args.label, metrics)], "calibrated"))
 
 
 def cmd_oracle(args: argparse.Namespace) -> None:
