@@ -128,6 +128,7 @@ class TOPAS(Policy):
         self._view_epoch: dict[str, int] = {}
         self._last_admit: list[StageRef] = []  # what the last decision admitted
         self._active: set[str] = set()  # tasks with stages running or just admitted
+        self._mean_age: float | None = None  # mean age of the released tasks, per decision
         self._stale: dict[str, None] = {}  # tasks whose agents' residency changed, in order
         self._synced: State | None = None  # the state of the last sync, and its newest stamp
         self._synced_epoch = 0
@@ -139,7 +140,7 @@ class TOPAS(Policy):
         self._n_path = 0
         self._board: Scoreboard | None = None
         self._resident: frozenset[str] = frozenset()
-        self._tasks_of_agent: dict[str, set[str]] = {}
+        self._tasks_of_agent: dict[str, dict[str, None]] = {}  # ordered sets: runs repeat
         self._agents_of: dict[str, frozenset[str]] = {}
 
     # ------------------------------------------------------------------ estimates
@@ -186,7 +187,7 @@ class TOPAS(Policy):
             board = self._board = Scoreboard(state.prefixes)
             self._load_vec = np.array([self._load(state, a) for a in board.agents])
             self._smallest_prefix = min((p.tokens for p in state.prefixes.values()), default=0)
-            self._tasks_of_agent = {a: set() for a in board.agents}
+            self._tasks_of_agent = {a: {} for a in board.agents}
         tasks, epoch, seen = state.tasks, state.task_epoch, self._view_epoch
         same = state is self._synced
         if same:
@@ -195,29 +196,29 @@ class TOPAS(Policy):
                 if e <= self._synced_epoch:
                     break
                 changed.append(tid)
-            gone = [tid for tid in self._active if tid not in tasks]
+            gone = sorted(tid for tid in self._active if tid not in tasks)
             new = [tid for tid in changed if tid not in board.tasks.of]
         else:
-            gone = list(board.tasks.of.keys() - tasks.keys())
-            new = list(tasks.keys() - board.tasks.of.keys())
+            gone = sorted(board.tasks.of.keys() - tasks.keys())
+            new = [tid for tid in tasks if tid not in board.tasks.of]
         for tid in gone:
             self._forget(board, tid)
         for tid in new:
             self._register(state, board, tid)
         if len(board.tasks.of) != len(tasks):  # not expected: a full difference
             same = False
-            for tid in board.tasks.of.keys() - tasks.keys():
+            for tid in sorted(board.tasks.of.keys() - tasks.keys()):
                 self._forget(board, tid)
-            for tid in tasks.keys() - board.tasks.of.keys():
+            for tid in [t for t in tasks if t not in board.tasks.of]:
                 self._register(state, board, tid)
         if same:
-            dirty = {tid for tid in changed if seen.get(tid) != epoch[tid]}
+            dirty = [tid for tid in changed if seen.get(tid) != epoch[tid]]
         else:
-            dirty = {tid for tid in tasks if seen.get(tid) != epoch[tid]}
+            dirty = [tid for tid in tasks if seen.get(tid) != epoch[tid]]
         resident = frozenset(
             a for a, p in state.prefixes.items() if p.status != PrefixStatus.ABSENT
         )
-        for a in resident ^ self._resident:
+        for a in sorted(resident ^ self._resident):
             # the move term of its waiting stages now; their tasks' paths (which count
             # the load) within the refresh budget, oldest first
             board.set_agent_load(a, 0.0 if a in resident else self._load(state, a))
@@ -231,9 +232,9 @@ class TOPAS(Policy):
             seen[tid] = epoch[tid]
             self._stale.pop(tid, None)
         if len(board.stages.of) != len(state.waiting):  # not expected: a full difference
-            for ref in board.stages.of.keys() - state.waiting.keys():
+            for ref in sorted(board.stages.of.keys() - state.waiting.keys()):
                 board.drop_stage(ref)
-            for tid in {ref[0] for ref in state.waiting.keys() - board.stages.of.keys()}:
+            for tid in sorted({ref[0] for ref in state.waiting.keys() - board.stages.of.keys()}):
                 self._reanalyse(state, board, tid)
         for tid in list(itertools.islice(self._stale, REFRESH_BUDGET)):
             del self._stale[tid]
@@ -246,14 +247,14 @@ class TOPAS(Policy):
         agents = frozenset(s.agent for s in state.tasks[tid].stages.values())
         self._agents_of[tid] = agents
         for a in agents:
-            self._tasks_of_agent[a].add(tid)
+            self._tasks_of_agent[a][tid] = None
 
     def _forget(self, board: Scoreboard, tid: str) -> None:
         board.drop_task(tid)
         for d in (self._views, self._view_cache, self._shapes, self._view_epoch, self._stale):
             d.pop(tid, None)
         for a in self._agents_of.pop(tid):
-            self._tasks_of_agent[a].discard(tid)
+            self._tasks_of_agent[a].pop(tid, None)
 
     def _sync_waiting(self, state: State, board: Scoreboard, same: bool) -> None:
         """Drop the stages that left the waiting queue. Stages leave it when admitted, so
@@ -262,7 +263,7 @@ class TOPAS(Policy):
         if same:
             gone = [r for r in self._last_admit if r not in state.waiting and r in board.stages.of]
         else:
-            gone = list(board.stages.of.keys() - state.waiting.keys())
+            gone = sorted(board.stages.of.keys() - state.waiting.keys())
         for ref in gone:
             board.drop_stage(ref)
 
@@ -392,9 +393,22 @@ class TOPAS(Policy):
 
     def decide(self, state: State) -> Decision:
         board, weights, retain = self._scores(state)
-        self._mean_age: float | None = None
-        order = board.order(self._admission_values(board, weights))
+        self._mean_age = None
         plan = state.plan()
+        misfits = self._admit_greedily(state, board, weights, retain, plan)
+        if not (misfits and self.ctx.timing == "calibrated"):
+            # an SGLang-style load is a prefill that competes with the stages' own: while
+            # memory binds admission, the stages that fit come first
+            self._prefetch(state, plan, retain)
+        self._last_admit = list(plan.admit)
+        self._active.update(ref[0] for ref in plan.admit)
+        return plan.decision()
+
+    def _admit_greedily(self, state, board, weights, retain, plan) -> int:  # type: ignore[no-untyped-def]
+        """Admit waiting stages best first while they fit (evicting unused prefixes when
+        that gains more than their retention is worth, holding back otherwise, and keeping
+        memory for a starving stage); returns how many did not fit as they were."""
+        order = board.order(self._admission_values(board, weights))
         evict_rank = sorted(
             state.evictable(), key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens
         )
@@ -447,13 +461,7 @@ class TOPAS(Policy):
             for a in victims:
                 plan.do_evict(a)
             plan.try_admit(ref)
-        if not (misfits and self.ctx.timing == "calibrated"):
-            # an SGLang-style load is a prefill that competes with the stages' own: while
-            # memory binds admission, the stages that fit come first
-            self._prefetch(state, plan, retain)
-        self._last_admit = list(plan.admit)
-        self._active.update(ref[0] for ref in plan.admit)
-        return plan.decision()
+        return misfits
 
     def _starving(self, state: State, board: Scoreboard, ref: StageRef) -> bool:
         """Whether ``ref``'s task has waited ``reserve`` times as long as the released tasks
