@@ -415,6 +415,7 @@ class TOPAS(Policy):
         held: list[tuple[StageRef, list[str]]] = []
         misfits = 0
         room = None  # free KV plus every unused prefix's, while the plan is unchanged
+        unused: list[str] = []
         shadow: _Reservation | None = None
         for ref in order:
             if plan.free_slots < 1 or misfits >= MAX_MISFITS:
@@ -428,10 +429,9 @@ class TOPAS(Policy):
                     room = None
                 continue
             misfits += 1
-            if room is None:
-                room = plan.free_kv + sum(
-                    state.prefixes[a].tokens for a in plan.evictable(evict_rank)
-                )
+            if room is None:  # the plan changed: unused prefixes in eviction order, anew
+                unused = plan.evictable(evict_rank)
+                room = plan.free_kv + sum(state.prefixes[a].tokens for a in unused)
             if cost > room:
                 # it cannot fit even after evicting every unused prefix: the first such
                 # stage in the order gets the memory that running stages free (EASY
@@ -439,7 +439,7 @@ class TOPAS(Policy):
                 if self.reserve and shadow is None and self._starving(state, board, ref):
                     shadow = self._reservation(state, ref, cost - room)
                 continue
-            victims = self._victims_for(state, plan, ref, evict_rank)
+            victims = self._victims_for(state, plan, ref, cost, unused)
             if victims is None:
                 continue
             gain = self._deferral_gain(ref, weights[board.tasks.of[ref[0]]])
@@ -538,13 +538,13 @@ class TOPAS(Policy):
         cands.sort(key=lambda a: retain.get(a, 0.0))
         return cands
 
-    def _victims_for(self, state, plan, ref, evict_rank) -> list[str] | None:  # type: ignore[no-untyped-def]
-        """The cheapest unused prefixes (in ``evict_rank``: least retention value per token
-        first) whose eviction makes ``ref`` fit, or None."""
+    def _victims_for(self, state, plan, ref, cost, unused) -> list[str] | None:  # type: ignore[no-untyped-def]
+        """The cheapest unused prefixes (``unused``: least retention value per token first)
+        whose eviction makes ``ref``, of KV ``cost``, fit; or None."""
         agent = state.agent_of(ref)
-        need = plan.cost(ref) - plan.free_kv
+        need = cost - plan.free_kv
         chosen, freed = [], 0
-        for a in plan.evictable(evict_rank):
+        for a in unused:
             if freed >= need:
                 break
             if a != agent:
