@@ -248,6 +248,7 @@ class TOPAS(Policy):
         self._agents_of[tid] = agents
         for a in agents:
             self._tasks_of_agent[a][tid] = None
+        self._shape(state, tid)  # before any analysis of this sync: same means, any order
 
     def _forget(self, board: Scoreboard, tid: str) -> None:
         board.drop_task(tid)

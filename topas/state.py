@@ -236,17 +236,24 @@ class State:
 _EPOCHS = itertools.count(1)
 
 
-def _touch(state: State, task_id: str) -> None:
-    """Record that a stage of ``task_id`` changed phase."""
+def stamp_task(state: State, task_id: str) -> None:
+    """Record that a stage of ``task_id`` changed phase (engines and observers call it)."""
     state.task_epoch.pop(task_id, None)  # re-insert: the dict stays ordered by stamp
     state.task_epoch[task_id] = next(_EPOCHS)
 
 
-def _enqueue(state: State, ref: StageRef) -> None:
-    """``ref`` becomes ready: it joins the end of the waiting queue."""
+_touch = stamp_task
+
+
+def enqueue_stage(state: State, ref: StageRef, ready_at: float) -> None:
+    """``ref`` became ready at ``ready_at``: it joins the end of the waiting queue."""
     state.phase[ref] = Phase.WAITING
-    state.waiting[ref] = state.time
+    state.waiting[ref] = ready_at
     state.wait_stamp[ref] = next(_EPOCHS)
+
+
+def _enqueue(state: State, ref: StageRef) -> None:
+    enqueue_stage(state, ref, state.time)
 
 
 def apply(state: State, decision: Decision) -> State:

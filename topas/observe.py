@@ -1,0 +1,161 @@
+"""A :class:`~topas.state.State` built from what a serving engine can observe.
+
+A live engine (SGLang, through the plugin) does not replay the simulator's transitions:
+at a scheduling point it knows its queued and running requests, the workflow metadata
+they carry (:mod:`topas.workflow_metadata`), the KV it holds for each running one and
+which agents' prompts are cached. :func:`observed_state` turns that into the same
+``State`` a policy sees in simulation, so the heuristic runs unchanged.
+
+What is inferred: a stage that is neither queued nor running is DONE if the engine saw
+its request finish (``finished``) or a queued or running stage of its task depends on it
+(transitively: the client sends a stage only after its dependencies returned), and
+BLOCKED otherwise. A running request's prompt is resident (the engine holds it). Queued
+requests keep the order they are given in (the engine's queue order); tasks are registered
+by release time. Tasks with no request queued or running are not part of the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from topas.instance import ServerSpec, Task
+from topas.state import (
+    KvNeed,
+    Phase,
+    PrefixInfo,
+    PrefixStatus,
+    RunInfo,
+    State,
+    TaskInfo,
+    enqueue_stage,
+    stamp_task,
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a workflow stage, as the engine sees it."""
+
+    task: Task  # from the request's metadata; predicted output lengths as the outputs
+    stage: str
+    release: float  # the task's release, seconds on the engine's clock
+    queued_at: float  # when it entered the queue (or was admitted, when running)
+    running: bool = False  # it holds KV and a batch slot
+    started_at: float | None = None  # running: when its own prefill began (else queued_at)
+    generated: int = 0  # output tokens decoded so far
+    reserved: int | None = None  # KV tokens held for it (running); None: the state's kv_need
+
+
+class ObservationError(ValueError):
+    """Requests that contradict each other (one stage twice, two DAGs for one task)."""
+
+
+def observed_state(
+    server: ServerSpec,
+    prefix_tokens: Mapping[str, int],
+    requests: Sequence[Request],
+    resident: Iterable[str],
+    now: float,
+    kv_need: KvNeed,
+    finished: Mapping[str, Iterable[str]] | None = None,
+) -> State:
+    """The scheduler's view of an engine: ``requests`` queued or running, the agents in
+    ``resident`` with their prompts cached, at time ``now``; ``finished`` maps a task to
+    the stages whose requests the engine has seen complete."""
+    state = State(
+        time=now,
+        capacity=server.kv_capacity_tokens,
+        max_running=server.max_running,
+        kv_need=kv_need,
+        prefixes={a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()},
+    )
+    by_task: dict[str, dict[str, Request]] = {}
+    for r in requests:
+        seen = by_task.setdefault(r.task.id, {})
+        if r.stage in seen:
+            raise ObservationError(f"stage {r.task.id}/{r.stage} observed twice")
+        if seen and next(iter(seen.values())).task != r.task:
+            raise ObservationError(f"task {r.task.id}: requests carry different DAGs")
+        seen[r.stage] = r
+    for agent in resident:
+        _make_resident(state, agent)
+    order = sorted(by_task, key=lambda tid: next(iter(by_task[tid].values())).release)
+    queued: set[tuple[str, str]] = set()
+    for tid in order:
+        queued |= _add_task(state, by_task[tid], set((finished or {}).get(tid, ())))
+    for r in requests:
+        ref = (r.task.id, r.stage)
+        if ref not in queued:
+            continue
+        enqueue_stage(state, ref, r.queued_at)
+        if r.generated:
+            state.generated[ref] = r.generated
+    return state
+
+
+def _make_resident(state: State, agent: str) -> None:
+    p = state.prefixes[agent]
+    if p.status == PrefixStatus.ABSENT:
+        p.status = PrefixStatus.RESIDENT
+        state.kv_committed += p.tokens
+
+
+def _add_task(state: State, reqs: dict[str, Request], finished: set[str]) -> set[tuple[str, str]]:
+    """Register one task's phases; returns its queued stages."""
+    first = next(iter(reqs.values()))
+    task = first.task
+    info = TaskInfo.of(task, first.release)
+    state.tasks[task.id] = info
+    clash = finished & reqs.keys()
+    if clash:
+        raise ObservationError(f"stage {task.id}/{sorted(clash)[0]} finished and observed")
+    done = _ancestors(task, reqs) | finished
+    state.unfinished[task.id] = len(task.stages) - len(done)
+    queued = set()
+    for sid in info.topo_order:
+        ref = (task.id, sid)
+        r = reqs.get(sid)
+        if sid in done:
+            state.phase[ref] = Phase.DONE
+        elif r is None:
+            state.phase[ref] = Phase.BLOCKED
+        elif r.running:
+            _add_running(state, ref, r)
+        else:
+            queued.add(ref)
+    stamp_task(state, task.id)
+    return queued
+
+
+def _add_running(state: State, ref: tuple[str, str], r: Request) -> None:
+    agent = state.agent_of(ref)
+    _make_resident(state, agent)
+    reserved = state.kv_need(ref, r.generated) if r.reserved is None else r.reserved
+    state.phase[ref] = Phase.RUNNING
+    started = r.queued_at if r.started_at is None else r.started_at
+    state.running[ref] = RunInfo(
+        admitted_at=r.queued_at, started_at=started, generated=r.generated, reserved=reserved
+    )
+    state.kv_committed += reserved
+    p = state.prefixes[agent]
+    p.users += 1
+    p.last_used = max(p.last_used, r.queued_at)
+
+
+def _ancestors(task: Task, reqs: Mapping[str, Request]) -> set[str]:
+    """Stages that some observed stage depends on, transitively: finished."""
+    out: set[str] = set()
+    stack = [d for sid in reqs for d in task.stage_by_id[sid].deps]
+    while stack:
+        sid = stack.pop()
+        if sid not in out:
+            out.add(sid)
+            stack.extend(task.stage_by_id[sid].deps)
+    clash = out & reqs.keys()
+    if clash:
+        raise ObservationError(
+            f"task {task.id}: stage {sorted(clash)[0]!r} is observed while a stage that "
+            "depends on it is too"
+        )
+    return out
