@@ -1,0 +1,79 @@
+"""SGLang requests -> :class:`topas.observe.Request`.
+
+Reads only plain attributes of SGLang 0.5.23's ``Req`` (``rid``,
+``sampling_params.custom_params``, ``output_ids``, ``time_stats``), so it imports nothing
+from SGLang. A request whose metadata is missing or malformed is *untagged*: it is left
+to SGLang's own order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from topas.observe import Request
+from topas.workflow_metadata import MetadataError, StageMeta, decode
+
+
+@dataclass
+class Observation:
+    """The tagged requests of one scheduling round, and what was left untagged."""
+
+    requests: list[Request] = field(default_factory=list)
+    reqs: dict[tuple[str, str], Any] = field(default_factory=dict)  # stage -> SGLang Req
+    prefix_tokens: dict[str, int] = field(default_factory=dict)  # agent -> prompt length
+    untagged: list[Any] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # why, per untagged request with metadata
+
+
+def metadata(req: Any) -> StageMeta:
+    """The TOPAS metadata of ``req``; MetadataError if it has none or it is malformed."""
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    return decode(params)
+
+
+def queued_at(req: Any) -> float:
+    """When ``req`` entered the waiting queue (SGLang's perf_counter clock)."""
+    stats = getattr(req, "time_stats", None)
+    for name in ("wait_queue_entry_time", "scheduler_recv_time"):
+        t = getattr(stats, name, None)
+        if isinstance(t, int | float) and t > 0:
+            return float(t)
+    return 0.0
+
+
+def observe(
+    waiting: Iterable[Any], running: Iterable[Any], releases: MutableMapping[str, float]
+) -> Observation:
+    """Tagged requests of ``waiting`` (in queue order) and ``running``; ``releases``
+    remembers when each task was first seen (its release on the engine's clock)."""
+    obs = Observation()
+    for reqs, is_running in ((waiting, False), (running, True)):
+        for req in reqs:
+            try:
+                meta = metadata(req)
+            except MetadataError as e:
+                obs.untagged.append(req)
+                if "missing" not in str(e):
+                    obs.errors.append(f"{getattr(req, 'rid', '?')}: {e}")
+                continue
+            if meta.ref in obs.reqs:  # one stage sent twice: leave both to SGLang
+                obs.untagged.append(req)
+                obs.errors.append(f"{getattr(req, 'rid', '?')}: stage {meta.ref} twice")
+                continue
+            t = queued_at(req)
+            release = releases.setdefault(meta.task.id, t)
+            obs.requests.append(
+                Request(
+                    task=meta.task,
+                    stage=meta.stage,
+                    release=min(release, t),
+                    queued_at=t,
+                    running=is_running,
+                    generated=len(getattr(req, "output_ids", ()) or ()),
+                )
+            )
+            obs.reqs[meta.ref] = req
+            obs.prefix_tokens[meta.agent] = meta.prefix_tokens
+    return obs
