@@ -37,7 +37,7 @@ import numpy as np
 
 from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
-from topas.schedule import evaluate
+from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
 from topas.workloads import WORKLOADS, generate
 
@@ -64,17 +64,7 @@ RUN_COLUMNS = (
     "prediction_error",
     "kv_scale",
     "kv_capacity_tokens",
-    "mean_jct",
-    "p50_jct",
-    "p90_jct",
-    "p99_jct",
-    "max_jct",
-    "makespan",
-    "prefix_hit_rate",
-    "prefix_loads",
-    "preemptions",
-    "decision_time_p50_s",
-    "decision_time_p99_s",
+    *Metrics.SUMMARY_KEYS,
     "runtime_s",
 )
 
