@@ -441,3 +441,34 @@ def test_runs_repeat_across_processes(tmp_path):
         assert run.returncode == 0, run.stderr
         docs.append(json.loads(out.read_text())["jct"])
     assert docs[0] == docs[1] == docs[2]
+
+
+def test_hold_back_is_reported_and_the_reuse_switch_undoes_it():
+    # Capacity 150. Resident: a (100 tokens: a 10 s load) and c (20), with t0's stage r
+    # (agent c, 5 + 5 tokens) running; r's three children need a. Committed: 100 + 20 +
+    # 10 = 130, so 20 are free. t1's only stage w (agent d, 10 tokens, absent) needs
+    # 10 + 10 + 15 = 35: only evicting a (c is in use) makes room.
+    # Predicted services: r 6 s, x_i 2 s, w 16 s, so q = 28/5 = 5.6 s and h = 4q = 22.4 s.
+    # Keeping a is worth R(a) = 10 s * exp(-6/22.4) = 7.6 s (t0's next use of a, once);
+    # starting w now gains at most q = 5.6 s. So TOPAS keeps a, holds w back and says so
+    # in Decision.held; without the reuse term it evicts a and admits w.
+    inst = make(
+        {"a": 100, "c": 20, "d": 10},
+        [
+            task(
+                "t0",
+                0,
+                stage("r", "c", 5, 5),
+                *(stage(f"x{i}", "a", 5, 1, ["r"]) for i in range(3)),
+            ),
+            task("t1", 0, stage("w", "d", 10, 15)),
+        ],
+        capacity=150,
+    )
+    state = _state(inst, resident=("a", "c"))
+    _run(state, [("t0", "r")])
+    assert state.free_kv == 20
+    on = _decide(inst, state)
+    off = _decide(inst, state, "topas:reuse=0")
+    assert (on.admit, on.evict) == ((), ()) and on.held == (("t1", "w"),)
+    assert (off.admit, off.evict, off.held) == ((("t1", "w"),), ("a",), ())

@@ -32,6 +32,7 @@ tasks that changed and scores thousands of waiting stages in a few vector operat
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -396,24 +397,26 @@ class TOPAS(Policy):
         board, weights, retain = self._scores(state)
         self._mean_age = None
         plan = state.plan()
-        misfits = self._admit_greedily(state, board, weights, retain, plan)
+        misfits, held = self._admit_greedily(state, board, weights, retain, plan)
         if not (misfits and self.ctx.timing == "calibrated"):
             # an SGLang-style load is a prefill that competes with the stages' own: while
             # memory binds admission, the stages that fit come first
             self._prefetch(state, plan, retain)
         self._last_admit = list(plan.admit)
         self._active.update(ref[0] for ref in plan.admit)
-        return plan.decision()
+        return dataclasses.replace(plan.decision(), held=held)
 
-    def _admit_greedily(self, state, board, weights, retain, plan) -> int:  # type: ignore[no-untyped-def]
+    def _admit_greedily(self, state, board, weights, retain, plan) -> tuple[int, tuple]:  # type: ignore[no-untyped-def]
         """Admit waiting stages best first while they fit (evicting unused prefixes when
         that gains more than their retention is worth, holding back otherwise, and keeping
-        memory for a starving stage); returns how many did not fit as they were."""
+        memory for a starving stage). Returns how many did not fit as they were, and the
+        stages kept out on purpose (held back, or behind a reservation)."""
         order = board.order(self._admission_values(board, weights))
         evict_rank = sorted(
             state.evictable(), key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens
         )
         held: list[tuple[StageRef, list[str]]] = []
+        reserved_out: list[StageRef] = []
         misfits = 0
         room = None  # free KV plus every unused prefix's, while the plan is unchanged
         unused: list[str] = []
@@ -428,6 +431,8 @@ class TOPAS(Policy):
                 ):
                     plan.try_admit(ref)
                     room = None
+                else:
+                    reserved_out.append(ref)
                 continue
             misfits += 1
             if room is None:  # the plan changed: unused prefixes in eviction order, anew
@@ -451,6 +456,7 @@ class TOPAS(Policy):
             if shadow is not None and not shadow.allows(
                 self._service(state, ref), cost, state.agent_of(ref)
             ):
+                reserved_out.append(ref)
                 continue
             for a in victims:
                 plan.do_evict(a)
@@ -458,11 +464,11 @@ class TOPAS(Policy):
             room = None
         if held and not plan.admit and not state.running:
             # holding back only pays while something else runs: never idle the server
-            ref, victims = held[0]
+            ref, victims = held.pop(0)
             for a in victims:
                 plan.do_evict(a)
             plan.try_admit(ref)
-        return misfits
+        return misfits, tuple(ref for ref, _ in held) + tuple(reserved_out)
 
     def _starving(self, state: State, board: Scoreboard, ref: StageRef) -> bool:
         """Whether ``ref``'s task has waited ``reserve`` times as long as the released tasks

@@ -119,6 +119,8 @@ class Decision:
     load: tuple[str, ...] = ()  # agents whose absent prefix starts loading (prefetch)
     admit: tuple[StageRef, ...] = ()  # waiting stages to start, in prefill order
     wake_at: float | None = None  # consult me again at this time even if nothing happens
+    held: tuple[StageRef, ...] = ()  # waiting stages the policy keeps out on purpose (not
+    # applied: information for an engine that admits on its own, such as SGLang's)
 
     @property
     def empty(self) -> bool:
