@@ -18,7 +18,7 @@ def test_round_trip_every_stage(name, seed):
     prefix = {a.id: a.prefix_tokens for a in inst.agents}
     for task in inst.tasks:
         for s in task.stages:
-            params = encode(task, s.id, prefix[s.agent], arrival=task.arrival)
+            params = encode(task, s.id, prefix[s.agent], arrival=task.arrival, prefixes=prefix)
             assert set(params) == {KEY} and isinstance(params[KEY], str)  # flat, as SGLang needs
             meta = decode(params)
             assert meta.ref == (task.id, s.id)
@@ -36,6 +36,8 @@ def test_round_trip_every_stage(name, seed):
             }
             assert got == want
             assert meta.task.topo_order == task.topo_order
+            # the prompt lengths of the task's own agents travel along, no others
+            assert meta.prefixes == {x.agent: prefix[x.agent] for x in task.stages}
 
 
 def test_metadata_stays_small():
@@ -63,6 +65,8 @@ def test_a_hand_written_request_decodes():
     assert meta.ref == ("t0", "b") and meta.prefix_tokens == 100 and meta.arrival == 1.5
     assert meta.task.stage_by_id["b"].deps == ("a",)
     assert meta.task.children["a"] == ("b",)
+    assert meta.prefixes == {}  # optional
+    assert decode(_doc(prefixes={"x": 64})).prefixes == {"x": 64}
 
 
 @pytest.mark.parametrize(
@@ -78,6 +82,8 @@ def test_a_hand_written_request_decodes():
         (_doc(prefix=-1), ".prefix: must be >= 0"),
         (_doc(prefix=True), ".prefix: expected int"),
         (_doc(arrival="soon"), ".arrival"),
+        (_doc(prefixes=[1]), ".prefixes: expected an object"),
+        (_doc(prefixes={"x": -1}), ".prefixes.x: expected an integer >= 0"),
         (_doc(stage="c"), "'c' is not a stage of task 't0'"),
         (_doc(agent="x"), "gives stage 'b' to 'y'"),
         (_doc(dag=[["a", "x", 10, 5]]), "dag[0]: expected [id"),

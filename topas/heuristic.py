@@ -578,8 +578,8 @@ class TOPAS(Policy):
 
     # ------------------------------------------------------------------ retraction
 
-    def choose_victim(self, state: State, candidates) -> StageRef:  # type: ignore[no-untyped-def]
-        """Retract the stage whose loss costs least, in weighted seconds: the generated work
+    def retraction_order(self, state: State, candidates) -> list[StageRef]:  # type: ignore[no-untyped-def]
+        """Cheapest loss first. A retraction costs, in weighted seconds, the generated work
         it must redo (``preempt``) plus its task's Smith-ratio value ``w_j * q / L_j`` times
         a typical stage service ``q`` (``path``): a task near its end is kept running."""
         board, weights, _ = self._scores(state)
@@ -593,4 +593,4 @@ class TOPAS(Policy):
             value = self.path * w * q * q / max(self._views[tid].length, 1e-9)
             return (lost + value, tid, ref[1])
 
-        return min(candidates, key=cost)
+        return sorted(candidates, key=cost)

@@ -68,7 +68,13 @@ def stage_payload(
         "sampling_params": {
             "max_new_tokens": s.output_tokens,
             "ignore_eos": True,
-            "custom_params": encode(task, stage, len(prefix), arrival=task.arrival),
+            "custom_params": encode(
+                task,
+                stage,
+                len(prefix),
+                arrival=task.arrival,
+                prefixes={a: len(ids) for a, ids in prefixes.items()},
+            ),
         },
     }
 

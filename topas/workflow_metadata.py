@@ -5,13 +5,16 @@ A request that is one stage of a TOPAS task carries, in SGLang's
 values there: a nested object makes its scheduler fail) with schema ``topas-meta/1``::
 
     {"v": 1, "task": "t17", "stage": "s3", "agent": "engineer", "prefix": 2048,
-     "arrival": 12.5,
+     "arrival": 12.5, "prefixes": {"pm": 1024, "arch": 1536, "engineer": 2048},
      "dag": [["s0", "pm", 812, 300, []], ["s1", "arch", 640, 420, ["s0"]], ...]}
 
 ``prefix`` is the agent's system-prompt length in tokens (the request's first ``prefix``
 input tokens). ``dag`` lists every stage of the task as ``[id, agent, input_tokens,
 predicted_output_tokens, deps]``, so the scheduler can score the task's remaining path
 from any one of its requests. ``arrival`` (seconds, the client's clock) is optional.
+``prefixes`` (optional, an extension within version 1) gives the system-prompt length of
+the task's other agents, so that the scheduler can price their prompts before it has seen
+one of their requests.
 
 :func:`encode` builds the ``custom_params`` entry from a :class:`~topas.instance.Task`;
 :func:`decode` validates one and returns a :class:`StageMeta`, raising
@@ -24,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from topas.instance import InstanceError, Stage, Task
@@ -49,6 +52,7 @@ class StageMeta:
     agent: str
     prefix_tokens: int
     arrival: float | None = None
+    prefixes: Mapping[str, int] = field(default_factory=dict)  # other agents' prompt lengths
 
     @property
     def ref(self) -> tuple[str, str]:
@@ -56,12 +60,17 @@ class StageMeta:
 
 
 def encode(
-    task: Task, stage: str, prefix_tokens: int, arrival: float | None = None
+    task: Task,
+    stage: str,
+    prefix_tokens: int,
+    arrival: float | None = None,
+    prefixes: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
     """The ``custom_params`` entry for the request of ``stage`` of ``task``.
 
     Stages are told their predicted output (``predicted_output_tokens``, else the truth:
-    the instance's own convention).
+    the instance's own convention). ``prefixes``: prompt lengths of the task's agents
+    (only those of the task's agents are sent).
     """
     s = task.stage_by_id[stage]
     doc: dict[str, Any] = {
@@ -76,6 +85,9 @@ def encode(
     }
     if arrival is not None:
         doc["arrival"] = arrival
+    if prefixes:
+        agents = {x.agent for x in task.stages}
+        doc["prefixes"] = {a: n for a, n in sorted(prefixes.items()) if a in agents}
     return {KEY: json.dumps(doc, separators=(",", ":"))}
 
 
@@ -113,7 +125,17 @@ def decode(custom_params: Mapping[str, Any] | None) -> StageMeta:
             f"{SCHEMA}.agent: {agent!r}, but the dag gives stage {sid!r} to "
             f"{task.stage_by_id[sid].agent!r}"
         )
-    return StageMeta(task, sid, agent, prefix, None if arrival is None else float(arrival))
+    when = None if arrival is None else float(arrival)
+    return StageMeta(task, sid, agent, prefix, when, _prefixes(doc.get("prefixes", {})))
+
+
+def _prefixes(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise MetadataError(f"{SCHEMA}.prefixes: expected an object, got {value!r}")
+    for agent, n in value.items():
+        if not (_is_int(n) and n >= 0):
+            raise MetadataError(f"{SCHEMA}.prefixes.{agent}: expected an integer >= 0, got {n!r}")
+    return dict(value)
 
 
 def _field(doc: Mapping[str, Any], name: str, kind: type) -> Any:

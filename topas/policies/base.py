@@ -44,16 +44,20 @@ class Policy:
         """Unused resident prefixes, first to evict first (default LRU)."""
         return state.evictable()
 
-    def choose_victim(self, state: State, candidates: Sequence[StageRef]) -> StageRef:
-        """The stage to retract when decode memory runs out.
+    def retraction_order(self, state: State, candidates: Sequence[StageRef]) -> list[StageRef]:
+        """``candidates`` (running stages), the first to retract first.
 
-        Default is SGLang's ``retract_decode`` order: fewest decoded tokens first,
-        then the longest input.
+        Default is SGLang's ``retract_decode`` order: fewest decoded tokens first, then
+        the longest input.
         """
-        return min(
+        return sorted(
             candidates,
             key=lambda r: (state.running[r].generated, -state.stage(r).input_tokens, r),
         )
+
+    def choose_victim(self, state: State, candidates: Sequence[StageRef]) -> StageRef:
+        """The stage to retract when decode memory runs out."""
+        return self.retraction_order(state, candidates)[0]
 
     def spec(self) -> str:
         """The spec string that rebuilds this policy."""

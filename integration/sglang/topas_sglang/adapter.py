@@ -8,12 +8,15 @@ to SGLang's own order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, MutableMapping
+import dataclasses
+import functools
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from topas.instance import Task
 from topas.observe import Request
-from topas.workflow_metadata import MetadataError, StageMeta, decode
+from topas.workflow_metadata import KEY, MetadataError, StageMeta, decode
 
 
 @dataclass
@@ -23,14 +26,37 @@ class Observation:
     requests: list[Request] = field(default_factory=list)
     reqs: dict[tuple[str, str], Any] = field(default_factory=dict)  # stage -> SGLang Req
     prefix_tokens: dict[str, int] = field(default_factory=dict)  # agent -> prompt length
+    # (a request's own agent as it says; the task's other agents as its metadata tells)
     untagged: list[Any] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # why, per untagged request with metadata
 
 
 def metadata(req: Any) -> StageMeta:
-    """The TOPAS metadata of ``req``; MetadataError if it has none or it is malformed."""
+    """The TOPAS metadata of ``req``; MetadataError if it has none or it is malformed.
+
+    A request carries the same string at every scheduling round: it is decoded once, and
+    the stages of one task share one :class:`~topas.instance.Task` (its analyses are cached
+    on it)."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    return decode(params)
+    raw = params.get(KEY) if isinstance(params, Mapping) else None
+    if not isinstance(raw, str):
+        return decode(params)  # raises the reason
+    return _decode_raw(raw)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decode_raw(raw: str) -> StageMeta:
+    meta = decode({KEY: raw})
+    task = _TASKS.get(meta.task.id)
+    if task is not None and task == meta.task:
+        return dataclasses.replace(meta, task=task)
+    if len(_TASKS) >= 1 << 16:
+        _TASKS.clear()
+    _TASKS[meta.task.id] = meta.task
+    return meta
+
+
+_TASKS: dict[str, Task] = {}  # task id -> the Task its decoded requests share
 
 
 def queued_at(req: Any) -> float:
@@ -75,5 +101,7 @@ def observe(
                 )
             )
             obs.reqs[meta.ref] = req
+            for agent, n in meta.prefixes.items():  # the task's other agents, as told
+                obs.prefix_tokens.setdefault(agent, n)
             obs.prefix_tokens[meta.agent] = meta.prefix_tokens
     return obs

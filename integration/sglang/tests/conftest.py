@@ -1,0 +1,74 @@
+"""Real SGLang 0.5.23 objects on the CPU for the plugin tests (skipped without SGLang).
+
+The plugin is loaded once per process through SGLang's own ``load_plugins()`` (hooks
+cannot be undone). With the plugin loaded, a cache built with the ``lru`` eviction
+policy is SGLang as it ships: every hook passes SGLang's result through. Tests compare
+that against a ``topas`` cache.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+sglang = pytest.importorskip("sglang")
+
+import torch  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plugin():
+    """SGLang discovers and runs the entry point (only ours: SGLANG_PLUGINS)."""
+    import sglang.srt.plugins as plugins
+    from topas_sglang.cpu_loop import load_plugin
+
+    plugins._plugins_loaded = False
+    load_plugin()
+    return plugins
+
+
+def make_cache(eviction: str = "topas", kv: int = 512, slots: int = 16, backend=None):  # type: ignore[no-untyped-def]
+    """A UnifiedRadixCache as the scheduler builds it (backend None: SGLang chooses)."""
+    rtp = ReqToTokenPool(size=slots, max_context_len=4096, device="cpu", enable_memory_saver=False)
+    pool = MHATokenToKVPool(size=kv, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=8,
+                            layer_num=1, device="cpu", enable_memory_saver=False)  # fmt: skip
+    alloc = TokenToKVPoolAllocator(size=kv, dtype=torch.bfloat16, device="cpu", kvcache=pool,
+                                   need_sort=False)  # fmt: skip
+    params = CacheInitParams(
+        disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1,
+        tree_components=(ComponentType.FULL,), eviction_policy=eviction,
+        tree_core_backend=backend,
+    )  # fmt: skip
+    return UnifiedRadixCache(params)
+
+
+def schedule_policy(cache, name: str = "lpm") -> SchedulePolicy:  # type: ignore[no-untyped-def]
+    return SchedulePolicy(name, cache, False, False, False)
+
+
+def make_req(rid: str, tokens, custom_params=None, max_new: int = 4) -> Req:  # type: ignore[no-untyped-def]
+    sp = SamplingParams(max_new_tokens=max_new, ignore_eos=True, custom_params=custom_params)
+    sp.normalize(None)
+    return Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
+               sampling_params=sp)  # fmt: skip
+
+
+def cache_prompt(cache, tokens) -> None:  # type: ignore[no-untyped-def]
+    """Put ``tokens`` in the tree, as a finished request leaves its prompt."""
+    value = cache.token_to_kv_pool_allocator.alloc(len(tokens))
+    cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
+
+
+def cached_len(cache, tokens) -> int:  # type: ignore[no-untyped-def]
+    return cache.tree_core.match_full_device_prefix(RadixKey(array("q", tokens)))[0]

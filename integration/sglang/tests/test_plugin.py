@@ -1,0 +1,360 @@
+"""The TOPAS plugin inside real SGLang 0.5.23 classes on the CPU (skipped without SGLang)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+
+import pytest
+from conftest import cache_prompt, cached_len, make_cache, make_req, schedule_policy
+
+from topas.heuristic import TOPAS
+from topas.instance import ServerSpec, Stage, Task
+from topas.observe import observed_state
+from topas.policies.base import PolicyContext
+from topas.state import Decision
+from topas.workflow_metadata import encode
+
+sglang = pytest.importorskip("sglang")
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: E402
+from sglang.srt.managers.schedule_policy import AddReqResult, SchedulePolicy  # noqa: E402
+from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
+from topas_sglang import controller as controller_mod  # noqa: E402
+from topas_sglang.adapter import observe  # noqa: E402
+from topas_sglang.controller import queue_order  # noqa: E402
+from topas_sglang.hooks import TopasPrefillAdder  # noqa: E402
+from topas_sglang.plugin import VersionError, check_version  # noqa: E402
+from topas_sglang.retention import TopasRetention, controller_of  # noqa: E402
+
+PROMPTS = {  # each agent's system prompt: fixed, disjoint token ids
+    "pm": list(range(1000, 1064)),
+    "eng": list(range(2000, 2048)),
+    "qa": list(range(3000, 3032)),
+}
+
+
+def stage_req(task: Task, sid: str, fresh: int = 0, max_new: int | None = None):  # type: ignore[no-untyped-def]
+    """The request of one stage, as `topas serve-bench` sends it."""
+    s = task.stage_by_id[sid]
+    prompt = PROMPTS[s.agent]
+    base = 10_000 + 100 * (hash((task.id, sid)) % 50) + fresh
+    tokens = prompt + list(range(base, base + s.input_tokens))
+    meta = encode(task, sid, len(prompt), prefixes={a: len(p) for a, p in PROMPTS.items()})
+    return make_req(f"{task.id}/{sid}", tokens, meta, max_new or s.output_tokens)
+
+
+class Reference:
+    """TOPAS itself on the state the requests and the cache describe, one policy across
+    rounds as the controller keeps it: what the hooks must reproduce."""
+
+    def __init__(self, cache) -> None:  # type: ignore[no-untyped-def]
+        self.cache = cache
+        self.server = ServerSpec(
+            kv_capacity_tokens=cache.token_to_kv_pool_allocator.size,
+            chunk_tokens=controller_mod.DEFAULT_CHUNK,
+            max_running=cache.req_to_token_pool.size,
+        )
+        self.policy = TOPAS()
+        self.policy.reset(PolicyContext(server=self.server, timing="calibrated"))
+        self.releases: dict[str, float] = {}
+
+    def state(self, waiting, running, finished=None):  # type: ignore[no-untyped-def]
+        obs = observe(waiting, running, self.releases)
+        tasks = {r.task.id: r.task for r in obs.requests}
+        resident = [a for a, p in PROMPTS.items() if cached_len(self.cache, p) == len(p)]
+        cap = self.server.kv_capacity_tokens
+
+        def kv_need(ref, generated):  # type: ignore[no-untyped-def]
+            # SGLang reserves input + remaining predicted output, at least one more token
+            s = tasks[ref[0]].stage_by_id[ref[1]]
+            return min(s.input_tokens + max(s.predicted_output, generated + 1),
+                       cap - len(PROMPTS[s.agent]))  # fmt: skip
+
+        prefix = {a: len(p) for a, p in PROMPTS.items()}
+        now = time.perf_counter()
+        return observed_state(self.server, prefix, obs.requests, resident, now, kv_need, finished)
+
+    def decide(self, waiting, running=(), finished=None):  # type: ignore[no-untyped-def]
+        return self.policy.decide(self.state(waiting, running, finished))
+
+    def retraction_order(self, running):  # type: ignore[no-untyped-def]
+        state = self.state([], running)
+        return self.policy.retraction_order(state, list(state.running))
+
+
+# ---------------------------------------------------------------------- plugin loading
+
+
+def test_entry_point_is_discovered_and_hooks_applied(plugin):
+    from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+    from sglang.srt.mem_cache.utils import _EVICTION_POLICY_FACTORIES
+
+    assert "topas" in RADIX_EVICTION_POLICY_CHOICES
+    assert _EVICTION_POLICY_FACTORIES["topas"] is TopasRetention
+    assert SchedulePolicy.calc_priority.__wrapped__.__name__ == "calc_priority"
+    assert Scheduler.get_prefill_adder_class(None) is TopasPrefillAdder
+    raw = ScheduleBatch.__dict__["_get_decode_retraction_order"]
+    assert isinstance(raw, staticmethod) and hasattr(raw.__func__, "__wrapped__")
+
+
+def test_other_sglang_versions_are_refused(monkeypatch, caplog):
+    check_version(sglang.__version__)
+    with pytest.raises(VersionError, match=r"supports SGLang 0\.5\.23 only, found 0\.5\.24"):
+        check_version("0.5.24")
+    from topas_sglang import plugin
+
+    monkeypatch.setattr(sglang, "__version__", "0.5.24")
+    with caplog.at_level(logging.ERROR, logger="topas_sglang"):
+        assert plugin.register() is False
+    assert "install sglang==0.5.23" in caplog.text
+
+
+def test_topas_eviction_selects_the_python_tree_core():
+    topas = make_cache("topas")
+    plain = make_cache("lru")
+    assert type(topas.tree_core).__name__ == "UnifiedTreeCore"  # Python core
+    assert controller_of(topas) is not None
+    assert type(plain.tree_core).__name__ != "UnifiedTreeCore"  # SGLang's default: Rust
+    assert controller_of(plain) is None
+
+
+# ---------------------------------------------------------------------- ordering
+
+
+def _queue(policy, reqs, running=None):  # type: ignore[no-untyped-def]
+    queue = list(reqs)
+    policy.calc_priority(queue, running)
+    return queue
+
+
+def _rids(reqs) -> list[str]:  # type: ignore[no-untyped-def]
+    return [r.rid for r in reqs]
+
+
+def test_calc_priority_orders_the_queue_as_topas_decides():
+    # t0's one stage (agent eng, whose prompt is cached) decodes 300 tokens; t1 is two
+    # 2-token stages with uncached prompts. SGLang's lpm puts the longest cached prefix,
+    # t0, first; TOPAS starts the short task first (its path ends soonest: Smith's rule).
+    t0 = Task("t0", 0.0, (Stage("s", "eng", 8, 300),))
+    t1 = Task("t1", 0.0, (Stage("a", "pm", 8, 2), Stage("b", "qa", 8, 2, ("a",))))
+    t2 = Task("t2", 0.0, (Stage("c", "qa", 30, 40),))
+    orders = {}
+    for eviction in ("lru", "topas"):
+        cache = make_cache(eviction)
+        cache_prompt(cache, PROMPTS["eng"])
+        reqs = [stage_req(t2, "c"), stage_req(t1, "a"), stage_req(t0, "s")]
+        if eviction == "topas":
+            decision = Reference(cache).decide(reqs)
+        orders[eviction] = _rids(_queue(schedule_policy(cache), reqs))
+    assert orders["lru"][0] == "t0/s"  # SGLang's lpm: the cached prefix first
+    admitted = ["/".join(ref) for ref in decision.admit]
+    assert admitted[0] == "t1/a"
+    assert orders["topas"] == admitted + [r for r in orders["lru"] if r not in admitted]
+
+
+def test_untagged_and_bad_metadata_keep_their_sglang_positions():
+    t0 = Task("t0", 0.0, (Stage("s", "eng", 8, 300),))
+    t1 = Task("t1", 0.0, (Stage("a", "pm", 8, 2),))
+    good = encode(t1, "a", 64)
+    bad = {
+        "plain": None,
+        "not-json": {"topas": "{oops"},
+        "wrong-version": {"topas": good["topas"].replace('"v":1', '"v":9')},
+        "unknown-stage": {"topas": good["topas"].replace('"stage":"a"', '"stage":"zz"')},
+    }
+    orders = {}
+    for eviction in ("lru", "topas"):
+        cache = make_cache(eviction)
+        cache_prompt(cache, PROMPTS["eng"])
+        others = [make_req(rid, PROMPTS["qa"] + [7, 8, 9], params) for rid, params in bad.items()]
+        reqs = [others[0], stage_req(t1, "a"), others[1], others[2], stage_req(t0, "s"), others[3]]
+        policy = schedule_policy(cache)
+        orders[eviction] = _rids(_queue(policy, reqs))
+        if eviction == "topas":
+            stats = controller_of(cache).stats
+    tagged = {"t0/s", "t1/a"}
+    for i, rid in enumerate(orders["lru"]):  # every untagged request stays where SGLang put it
+        assert (orders["topas"][i] in tagged) == (rid in tagged)
+        if rid not in tagged:
+            assert orders["topas"][i] == rid
+    assert orders["topas"] != orders["lru"]  # and the tagged ones were reordered
+    assert stats.malformed == 3  # the plain request has no metadata: not an error
+
+
+@pytest.fixture
+def hold_back_case():
+    """pm's 2000-token prompt and eng's are cached; t0's stage r (agent eng) runs and its
+    eight children need pm. t1's stage w (50 + 10 tokens) fits only if pm's prompt goes
+    (10 tokens short). TOPAS holds w back to keep the prompt t0 is about to reuse
+    eight times (test_heuristic prices the same trade by hand); SGLang alone admits w
+    and evicts the prompt. t2's one pm stage lets the scheduler see pm's prompt."""
+    PROMPTS["pm"] = list(range(5000, 7000))
+    t0 = Task("t0", 0.0, (Stage("r", "eng", 8, 4),
+                          *(Stage(f"x{i}", "pm", 8, 1, ("r",)) for i in range(8))))  # fmt: skip
+    t1 = Task("t1", 0.0, (Stage("w", "qa", 50, 10),))
+    t2 = Task("t2", 0.0, (Stage("p", "pm", 8, 4),))
+    yield (t0, t1, t2), 2000 + 48 + 12 + 60 - 10
+    PROMPTS["pm"] = list(range(1000, 1064))
+
+
+def _adder(cache):  # type: ignore[no-untyped-def]
+    """The scheduler's adder class (the plugin's), built as the scheduler builds it."""
+    return Scheduler.get_prefill_adder_class(None)(
+        1, cache, cache.token_to_kv_pool_allocator, ScheduleBatch(reqs=[]), 0.5, 4096, None
+    )
+
+
+def test_hold_back_keeps_the_request_queued_and_out_of_admission(hold_back_case):
+    (t0, t1, t2), kv = hold_back_case
+    results = {}
+    for eviction in ("lru", "topas"):
+        cache = make_cache(eviction, kv=kv)
+        cache_prompt(cache, PROMPTS["pm"])
+        cache_prompt(cache, PROMPTS["eng"])
+        policy, ref = schedule_policy(cache), Reference(cache)
+        teach = stage_req(t2, "p")
+        _queue(policy, [teach])
+        ref.decide([teach])
+        run, w = stage_req(t0, "r"), stage_req(t1, "w")  # t2/p has gone: finished
+        queue = _queue(policy, [w], ScheduleBatch(reqs=[run]))
+        decision = ref.decide([w], [run], {"t2": ["p"]})
+        w.init_next_round_input(cache)
+        results[eviction] = (queue, _adder(cache).add_one_req(w, False, None), decision)
+    queue, added, decision = results["topas"]
+    assert decision.held == (("t1", "w"),) and not decision.admit
+    assert len(queue) == 1 and added == AddReqResult.OTHER  # not admitted, still queued
+    assert results["lru"][1] == AddReqResult.CONTINUE  # SGLang alone admits it
+
+
+def test_hold_back_never_idles_the_server():
+    # a decision that admits nothing and holds w: with nothing running, w is not held
+    t1 = Task("t1", 0.0, (Stage("w", "qa", 50, 10),))
+    w, plain = stage_req(t1, "w"), make_req("plain", [1, 2, 3])
+    obs = observe([plain, w], [], {})
+    hold = Decision(held=(("t1", "w"),))
+    assert queue_order([w, plain], obs, hold, idle=False) == ([plain, w], [w])
+    assert queue_order([w, plain], obs, hold, idle=True) == ([w, plain], [])
+
+
+# ---------------------------------------------------------------------- retention
+
+
+def test_retained_prompt_survives_an_eviction_lru_would_make():
+    # pm's and eng's prompts are cached, eng's used last. t3 waits on agent qa and then
+    # needs pm: TOPAS keeps pm (near reuse) and lets eng go. Plain LRU evicts pm.
+    t3 = Task("t3", 0.0, (Stage("x", "qa", 8, 4), Stage("y", "pm", 8, 4, ("x",))))
+    teach = [stage_req(Task(f"k{a}", 0.0, (Stage("s", a, 4, 1),)), "s") for a in ("pm", "eng")]
+    survivors = {}
+    for eviction in ("lru", "topas"):
+        cache = make_cache(eviction)
+        policy = schedule_policy(cache)
+        cache_prompt(cache, PROMPTS["pm"])
+        cache_prompt(cache, PROMPTS["eng"])
+        _queue(policy, teach)  # the scheduler sees both agents' prompts
+        cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", PROMPTS["eng"]))))
+        _queue(policy, [stage_req(t3, "x")])  # eng was touched last; t3 will need pm
+        cache.evict(EvictParams(num_tokens=len(PROMPTS["eng"])))
+        survivors[eviction] = [a for a in ("pm", "eng") if cached_len(cache, PROMPTS[a])]
+    assert survivors == {"lru": ["eng"], "topas": ["pm"]}
+
+
+# ---------------------------------------------------------------------- safety
+
+
+@pytest.mark.parametrize("where", ["observe", "observed_state"])
+def test_a_failure_inside_the_plugin_keeps_sglangs_order(monkeypatch, caplog, where):
+    t0 = Task("t0", 0.0, (Stage("s", "eng", 8, 300),))
+    t1 = Task("t1", 0.0, (Stage("a", "pm", 8, 2),))
+    reqs = [stage_req(t1, "a"), make_req("plain", [5, 6]), stage_req(t0, "s")]
+    plain = make_cache("lru")
+    cache_prompt(plain, PROMPTS["eng"])
+    want = _rids(_queue(schedule_policy(plain), reqs))
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError(f"injected fault in {where}")
+
+    monkeypatch.setattr(controller_mod, where, broken)
+    cache = make_cache("topas")
+    cache_prompt(cache, PROMPTS["eng"])
+    policy = schedule_policy(cache)
+    with caplog.at_level(logging.WARNING, logger="topas_sglang"):
+        for i in range(3):
+            reqs.append(make_req(f"new{i}", [9, i]))  # a changed queue: planned afresh
+            queue = _queue(policy, reqs)
+            want.append(f"new{i}")
+            assert _rids(queue) == want  # SGLang's own order, every request once
+    controller = controller_of(cache)
+    assert controller.stats.fallbacks == 3 and controller.held_rids == frozenset()
+    assert sum("injected fault" in r.getMessage() for r in caplog.records) <= 1  # logged once
+
+
+# ---------------------------------------------------------------------- retraction
+
+
+def test_retraction_order_follows_topas_for_tagged_requests():
+    # Three running stages and one untagged request. SGLang retracts the fewest-decoded
+    # first; the plugin refills the tagged slots with TOPAS's retraction order.
+    long = Task("tl", 0.0, tuple(Stage(f"s{i}", "pm", 8, 50, (f"s{i-1}",) if i else ())
+                                  for i in range(6)))  # fmt: skip
+    short = Task("ts", 0.0, (Stage("a", "eng", 8, 50),))
+    mid = Task("tm", 0.0, (Stage("a", "qa", 8, 50), Stage("b", "qa", 8, 50, ("a",))))
+    running = [stage_req(long, "s0"), make_req("plain", [5, 6]), stage_req(short, "a"),
+               stage_req(mid, "a")]  # fmt: skip
+    for req, n in zip(running, (30, 5, 10, 20), strict=True):
+        req.output_ids.extend(range(n))
+    original = ScheduleBatch._get_decode_retraction_order.__wrapped__(running)
+    cache = make_cache("topas")
+    ref = Reference(cache)
+    _queue(schedule_policy(cache), [stage_req(long, "s0")])  # the scheduler's first round
+    ref.decide([stage_req(long, "s0")])
+    order = ScheduleBatch._get_decode_retraction_order(running)
+    victims = ["/".join(r) for r in ref.retraction_order(running)]  # first to retract first
+    assert [running[i].rid for i in original] == ["tl/s0", "tm/a", "ts/a", "plain"]
+    assert running[order[3]].rid == "plain"  # the untagged request keeps its slot
+    tagged = [running[i].rid for i in order if running[i].rid != "plain"]
+    assert tagged == victims[::-1]
+    assert tagged != ["tl/s0", "tm/a", "ts/a"]  # not SGLang's order: TOPAS's
+    assert sorted(order) == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------- the client
+
+
+def test_client_payloads_pass_sglangs_own_request_classes():
+    from sglang.srt.managers.io_struct import (
+        GenerateReqInput,
+        TokenizedGenerateReqInput,
+        msgpack_decode,
+        msgpack_encode,
+    )
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from topas.serve_bench import prefix_ids, stage_payload
+    from topas.workflow_metadata import decode
+    from topas.workloads import generate
+
+    inst = generate("metagpt-sop", num_tasks=2, seed=0)
+    prefixes = prefix_ids(inst)
+    task = inst.tasks[0]
+    for stage in task.stages:
+        body = stage_payload(inst, task, stage.id, prefixes)
+        req = GenerateReqInput(**body)
+        req.normalize_batch_and_arguments()
+        params = SamplingParams(**req.sampling_params)
+        params.normalize(None)
+        params.verify(vocab_size=128256)
+        wire = TokenizedGenerateReqInput(
+            rid=req.rid, input_text="", input_ids=array("q", req.input_ids),
+            input_embeds=None, mm_inputs=None, token_type_ids=None, sampling_params=params,
+            return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+            token_ids_logprob=None, stream=False,
+        )  # fmt: skip
+        got = msgpack_decode(msgpack_encode(wire))  # the tokenizer -> scheduler IPC
+        meta = decode(got.sampling_params.custom_params)
+        assert meta.ref == (task.id, stage.id) and got.sampling_params.max_new_tokens == (
+            stage.output_tokens
+        )

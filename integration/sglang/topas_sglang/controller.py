@@ -1,0 +1,295 @@
+"""The per-scheduler TOPAS controller: SGLang's queues and radix tree in, decisions out.
+
+One :class:`Controller` lives with each scheduler's radix cache: the ``topas`` eviction
+strategy creates it (:mod:`topas_sglang.retention`). At each ``calc_priority`` call,
+:meth:`Controller.plan_round`
+
+1. reads the tagged requests (:func:`topas_sglang.adapter.observe`), remembering each
+   task's release (when the scheduler first saw it) and the stages it saw finish (a stage
+   seen queued or running, then gone from both);
+2. finds which agents' system prompts are cached on the device: a read-only match of each
+   agent's prompt tokens in the tree (no LRU touch, no split); the node it ends in is
+   *the agent's prompt node*;
+3. builds the :class:`~topas.state.State` (:func:`topas.observe.observed_state`) and runs
+   the policy (``topas`` unless configured otherwise) on it: the very code the simulator
+   runs, no second copy;
+4. turns the :class:`~topas.state.Decision` into SGLang terms: a waiting-queue order, the
+   rids held out of this round's admission, and eviction ranks for the agents' prompt
+   nodes.
+
+Untagged requests keep their places in SGLang's order; only the tagged ones are permuted
+among their own positions, and the held ones go to the tail. Membership never changes.
+The tree is reached through the cache object handed in; SGLang itself is imported only
+to read the chunked-prefill size from its server args.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from topas.instance import ServerSpec, StageRef, Task
+from topas.observe import observed_state
+from topas.policies import make_policy
+from topas.policies.base import Policy, PolicyContext
+from topas.state import Decision, State
+from topas_sglang.adapter import Observation, observe
+
+DEFAULT_CHUNK = 8192  # SGLang's chunked-prefill size when the server args give none
+REPLAN_S = 0.1  # an unchanged queue, batch and tree are re-planned after this long
+MAX_TRACKED_TASKS = 100_000  # finished-stage records kept for tasks still in flight
+
+KeyFactory = Callable[[array], Any]  # prompt token ids -> the tree's key (RadixKey)
+
+
+@dataclass
+class Stats:
+    """What the controller did, for logs and tests."""
+
+    rounds: int = 0  # calc_priority calls with tagged requests, planned afresh
+    reused: int = 0  # calls that found nothing changed and kept the last plan
+    reordered: int = 0  # rounds whose order differed from SGLang's
+    held: int = 0  # requests held back, summed over rounds
+    retraction_orders: int = 0
+    fallbacks: int = 0  # rounds that fell back to SGLang's order after an error
+    decide_s: float = 0.0  # seconds inside plan_round / retraction_order
+    malformed: int = 0  # requests with TOPAS metadata that failed validation
+
+
+@dataclass
+class Controller:
+    """TOPAS for one SGLang scheduler (see the module docstring)."""
+
+    policy_spec: str = "topas"
+    key_factory: KeyFactory | None = None  # set by the plugin: RadixKey
+    held_rids: frozenset[str] = frozenset()  # this round's hold-backs (read by PrefillAdder)
+    ranks: dict[int, tuple] = field(default_factory=dict)  # prompt node id -> eviction rank
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        make_policy(self.policy_spec)  # a bad spec fails at server start, not mid-run
+        self.cache: Any = None
+        self.releases: dict[str, float] = {}  # task -> first seen (perf_counter clock)
+        self.finished: dict[str, set[str]] = {}  # task -> stages seen finishing
+        self.task_size: dict[str, int] = {}
+        self.in_flight: set[StageRef] = set()  # stages queued or running at the last look
+        self.prompt_ids: dict[str, array] = {}  # agent -> its system-prompt token ids
+        self.prefix_tokens: dict[str, int] = {}
+        self.prompt_nodes: dict[str, int] = {}  # agent -> node its cached prompt ends in
+        self.errors: list[str] = []  # malformed-metadata reasons (the newest few)
+        self._policy: Policy | None = None
+        self._policy_agents: frozenset[tuple[str, int]] = frozenset()
+        self._server: ServerSpec | None = None
+        self._last_key: tuple = ()  # what the last plan saw, when, and what it said
+        self._last_at = -math.inf
+        self._last_order: list | None = None
+
+    # ------------------------------------------------------------------ rounds
+
+    def plan_round(self, cache: Any, waiting: list, running: Sequence, now: float) -> list | None:
+        """The waiting queue in TOPAS's order (same members), or None when no request
+        carries TOPAS metadata. Sets :attr:`held_rids` and :attr:`ranks`."""
+        start = time.perf_counter()
+        key = (tuple(map(id, waiting)), tuple(map(id, running)), cache.evictable_size(),
+               cache.protected_size())  # fmt: skip
+        if key == self._last_key and now - self._last_at < REPLAN_S:
+            self.stats.reused += 1  # nothing changed since the last plan: keep it
+            return None if self._last_order is None else list(self._last_order)
+        self.held_rids = frozenset()
+        self._last_key, self._last_at, self._last_order = key, now, None
+        self.cache = cache
+        obs = observe(waiting, running, self.releases)
+        self._note_finished(obs)
+        if not obs.requests:
+            return None
+        state = self._state(obs, now)
+        policy = self._policy_for(state)
+        decision = policy.decide(state)
+        self._set_ranks(policy, state, decision)
+        order, held = queue_order(waiting, obs, decision, idle=not running)
+        self.held_rids = frozenset(r.rid for r in held)
+        self._last_order = order
+        self.stats.rounds += 1
+        self.stats.held += len(held)
+        self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
+        self.stats.decide_s += time.perf_counter() - start
+        return order
+
+    def retraction_order(self, reqs: Sequence, order: list[int], now: float) -> list[int]:
+        """SGLang's retraction ``order`` (indices into ``reqs``, keep-first: the last is
+        retracted first) with the tagged requests' slots refilled by the policy's
+        retraction order."""
+        if self.cache is None:  # no round planned yet: nothing known about the tree
+            return order
+        start = time.perf_counter()
+        obs = observe([], reqs, dict(self.releases))
+        if not obs.requests:
+            return order
+        state = self._state(obs, now)
+        victims = self._policy_for(state).retraction_order(state, list(obs.reqs))
+        index = {id(r): i for i, r in enumerate(reqs)}
+        keep_first = [index[id(obs.reqs[ref])] for ref in reversed(victims)]
+        out = refill(order, keep_first, key=int)
+        self.stats.retraction_orders += 1
+        self.stats.decide_s += time.perf_counter() - start
+        return out
+
+    # ------------------------------------------------------------------ observation
+
+    def _note_finished(self, obs: Observation) -> None:
+        """A stage seen queued or running at the last look and gone now has finished."""
+        present = set(obs.reqs)
+        for tid, sid in self.in_flight - present:
+            self.finished.setdefault(tid, set()).add(sid)
+        for tid, sid in present:  # sent again (after an abort, say): not finished
+            done = self.finished.get(tid)
+            if done:
+                done.discard(sid)
+        for r in obs.requests:
+            self.task_size[r.task.id] = len(r.task.stages)
+        active = {tid for tid, _ in present}
+        for tid, done in list(self.finished.items()):
+            if tid in active:
+                continue
+            if len(done) >= self.task_size.get(tid, 0) or len(self.finished) > MAX_TRACKED_TASKS:
+                self._forget(tid)
+        self.in_flight = present
+        if obs.errors:
+            self.stats.malformed += len(obs.errors)
+            self.errors = (self.errors + obs.errors)[-16:]
+
+    def _forget(self, tid: str) -> None:
+        for d in (self.finished, self.releases, self.task_size):
+            d.pop(tid, None)
+
+    def _state(self, obs: Observation, now: float) -> State:
+        for r in obs.requests:
+            agent = r.task.stage_by_id[r.stage].agent
+            if agent not in self.prompt_ids:  # the agent's prompt: its requests' first ids
+                req = obs.reqs[(r.task.id, r.stage)]
+                n = obs.prefix_tokens[agent]
+                self.prompt_ids[agent] = array("q", list(req.origin_input_ids[:n]))
+        self.prefix_tokens.update(obs.prefix_tokens)
+        for r in obs.requests:  # an agent nobody told the length of: a prompt of 0 tokens
+            for x in r.task.stages:
+                self.prefix_tokens.setdefault(x.agent, 0)
+        server = self._server_spec()
+        tasks = {r.task.id: r.task for r in obs.requests}
+        return observed_state(
+            server,
+            self.prefix_tokens,
+            obs.requests,
+            self._resident(),
+            now,
+            _kv_need(tasks, self.prefix_tokens, server.kv_capacity_tokens),
+            {tid: done for tid, done in self.finished.items() if tid in tasks},
+        )
+
+    def _server_spec(self) -> ServerSpec:
+        if self._server is None:
+            capacity = int(self.cache.token_to_kv_pool_allocator.size)
+            slots = int(self.cache.req_to_token_pool.size)
+            self._server = ServerSpec(
+                kv_capacity_tokens=capacity,
+                chunk_tokens=_chunk_tokens(),
+                max_running=slots,
+            )
+        return self._server
+
+    def _resident(self) -> list[str]:
+        """Agents whose whole prompt is cached on the device; notes their prompt nodes."""
+        tree = self.cache.tree_core
+        page = max(1, int(getattr(self.cache, "page_size", 1)))
+        make_key = self.key_factory
+        self.prompt_nodes = {}
+        out = []
+        for agent, ids in self.prompt_ids.items():
+            need = len(ids) // page * page
+            if need == 0 or make_key is None:
+                continue
+            matched, node, _ = tree.match_full_device_prefix(make_key(ids))
+            if matched >= need:
+                out.append(agent)
+                self.prompt_nodes[agent] = node
+        return out
+
+    def _policy_for(self, state: State) -> Policy:
+        """The policy, rebuilt when an agent appears or its prompt length changes (the
+        policy's tables are per agent)."""
+        agents = frozenset((a, p.tokens) for a, p in state.prefixes.items())
+        if self._policy is None or agents != self._policy_agents:
+            self._policy = make_policy(self.policy_spec)
+            self._policy.reset(PolicyContext(server=self._server_spec(), timing="calibrated"))
+            self._policy_agents = agents
+        return self._policy
+
+    def _set_ranks(self, policy: Policy, state: State, decision: Decision) -> None:
+        """Eviction ranks of the agents' prompt nodes: those the decision evicts first
+        (class 0), every other node by LRU (class 1, not set here), the rest of the agents'
+        prompts last (class 2), least worth keeping first."""
+        order = policy.eviction_order(state)
+        rank = {a: i for i, a in enumerate(order)}
+        drop = set(decision.evict)
+        self.ranks = {
+            node: (0,) if agent in drop else (2, rank.get(agent, len(order)))
+            for agent, node in self.prompt_nodes.items()
+        }
+
+
+def queue_order(waiting: list, obs: Observation, decision: Decision, idle: bool):  # type: ignore[no-untyped-def]
+    """``waiting`` with its tagged requests in the decision's order (admitted first, in
+    prefill order; then the others in their SGLang order) and the held ones at the tail.
+
+    ``idle``: nothing is running. Then holding back is not allowed unless the decision
+    admits something, or the server would idle while requests wait.
+    """
+    tagged = {id(r) for r in obs.reqs.values()}
+    queued = [r for r in waiting if id(r) in tagged]
+    admit = [obs.reqs[ref] for ref in decision.admit if ref in obs.reqs]
+    held = [obs.reqs[ref] for ref in decision.held if ref in obs.reqs]
+    if idle and not admit:
+        held = []
+    first = {id(r) for r in admit + held}
+    ranked = admit + [r for r in queued if id(r) not in first]
+    held_ids = {id(r) for r in held}
+    body = [r for r in waiting if id(r) not in held_ids]
+    return refill(body, ranked) + held, held
+
+
+def refill(seq: list, ranked: list, key: Callable[[Any], Any] = id) -> list:
+    """``seq`` with the positions of ``ranked``'s members (matched by ``key``) filled,
+    in order, by ``ranked``: the other members keep their places."""
+    slots = set(map(key, ranked))
+    it = iter(ranked)
+    out = [next(it) if key(x) in slots else x for x in seq]
+    if Counter(map(key, out)) != Counter(map(key, seq)):
+        raise ValueError("refill: the ranked items are not the slotted members")
+    return out
+
+
+def _kv_need(tasks: dict[str, Task], prefix: dict[str, int], capacity: int):  # type: ignore[no-untyped-def]
+    """What SGLang's PrefillAdder reserves for a stage with ``ignore_eos``: its input plus
+    the rest of its predicted output (at least the next token), clipped to fit beside
+    the prompt (as the calibrated simulator does)."""
+
+    def need(ref: StageRef, generated: int) -> int:
+        s = tasks[ref[0]].stage_by_id[ref[1]]
+        room = max(1, capacity - prefix.get(s.agent, 0))
+        return min(s.input_tokens + max(s.predicted_output, generated + 1), room)
+
+    return need
+
+
+def _chunk_tokens() -> int:
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        size = get_global_server_args().chunked_prefill_size
+    except Exception:  # no server args published (a bare cache in a test)
+        return DEFAULT_CHUNK
+    return int(size) if size and size > 0 else DEFAULT_CHUNK

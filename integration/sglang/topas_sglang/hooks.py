@@ -1,0 +1,109 @@
+"""The functions the plugin hooks into SGLang 0.5.23 (see :mod:`topas_sglang.plugin`).
+
+Every hook runs SGLang's own code first and changes its result only where TOPAS has a
+say; any exception inside TOPAS is logged once (per place and exception type) and that
+round keeps SGLang's own result. The waiting queue is permuted in place and only after
+its new order is checked to hold the same requests, so nothing is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+from topas_sglang.retention import active, controller_of
+
+logger = logging.getLogger("topas_sglang")
+
+_logged: set[tuple[str, str]] = set()
+
+clock = time.perf_counter
+"""The scheduler's clock, the one SGLang stamps queue entries with (a CPU replay of the
+scheduler swaps in its simulated clock)."""
+
+
+def _fell_back(where: str, exc: BaseException, controller: Any = None) -> None:
+    if controller is not None:
+        controller.stats.fallbacks += 1
+        controller.held_rids = frozenset()
+    key = (where, type(exc).__name__)
+    if key not in _logged:
+        _logged.add(key)
+        logger.warning(
+            "TOPAS %s failed (%s: %s); this round keeps SGLang's own order "
+            "(logged once per error type)",
+            where,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+
+
+def calc_priority(original, policy, waiting_queue, running_batch=None, processed_tokens=0):  # type: ignore[no-untyped-def]
+    """AROUND ``SchedulePolicy.calc_priority``: SGLang sorts the queue (and matches each
+    request's prefix), then TOPAS permutes its tagged requests and picks the hold-backs."""
+    result = original(policy, waiting_queue, running_batch, processed_tokens=processed_tokens)
+    controller = controller_of(policy.tree_cache)
+    if controller is None or not waiting_queue:
+        return result
+    snapshot = list(waiting_queue)
+    try:
+        running = list(getattr(running_batch, "reqs", None) or ())
+        order = controller.plan_round(policy.tree_cache, snapshot, running, clock())
+        if order is not None:
+            waiting_queue[:] = order
+    except Exception as e:  # noqa: BLE001 - any failure: SGLang's order this round
+        waiting_queue[:] = snapshot
+        _fell_back("ordering", e, controller)
+    return result
+
+
+class TopasPrefillAdder(PrefillAdder):
+    """SGLang's ``PrefillAdder`` that stops admission at a request TOPAS holds back.
+
+    Returning ``OTHER`` before any side effect ends this round's admission loop, as
+    SGLang's own ``prefill_max_requests`` limit does; the request stays queued. The held
+    requests sit at the tail of the queue, so nothing else is kept out.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        controller = controller_of(self.tree_cache)
+        self.topas_held = controller.held_rids if controller is not None else frozenset()
+
+    def add_one_req(self, req, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.topas_held and req.rid in self.topas_held:
+            return AddReqResult.OTHER
+        return super().add_one_req(req, *args, **kwargs)
+
+
+def prefill_adder_class(scheduler) -> type[PrefillAdder]:  # type: ignore[no-untyped-def]
+    """REPLACE for ``Scheduler.get_prefill_adder_class``."""
+    return TopasPrefillAdder
+
+
+def retraction_order(original, reqs):  # type: ignore[no-untyped-def]
+    """AROUND the staticmethod ``ScheduleBatch._get_decode_retraction_order``: the tagged
+    requests' victim order follows TOPAS's preemption term (the last is retracted first)."""
+    order = original(reqs)
+    controller = active()
+    if controller is None:
+        return order
+    try:
+        return controller.retraction_order(reqs, list(order), clock())
+    except Exception as e:  # noqa: BLE001
+        _fell_back("retraction order", e, None)
+        return order
+
+
+def tree_core_backend(original, params):  # type: ignore[no-untyped-def]
+    """AROUND ``select_tree_core_backend``: the ``topas`` strategy needs the Python core
+    (SGLang's Rust core accepts only its built-in policy names)."""
+    from topas_sglang.retention import NAME
+
+    if str(getattr(params, "eviction_policy", "")).lower() == NAME:
+        return "python"
+    return original(params)

@@ -1,0 +1,67 @@
+"""The ``topas`` radix eviction strategy: TOPAS decides which agent prompts stay.
+
+SGLang's Python tree core heaps evictable leaves by ``strategy.get_priority(node)`` and
+evicts the smallest first. This strategy ranks nodes in three classes, each by LRU within:
+
+- ``0``: the prompt nodes of agents the last TOPAS decision evicts: first to go;
+- ``1``: every other node (request tails, untagged traffic): SGLang's LRU;
+- ``2``: the prompt nodes of the other agents TOPAS knows, in its eviction order (least
+  worth keeping first): last to go.
+
+A prompt node is the node an agent's system prompt ends in (see
+:mod:`topas_sglang.controller`); its ancestors are not leaves while it stays, so the
+whole prompt is retained with it.
+
+Why this and not SGLang's ``priority`` policy: a node's priority there is a maximum over
+the requests that inserted it and is never lowered, so it cannot mark a prompt to drop
+first, and it must be set on the request before its insert. This strategy is re-ranked at
+every scheduling round. It needs the Python tree core (SGLang's Rust core accepts only
+its own policy names); the plugin selects it when this strategy is configured.
+
+Each strategy owns the :class:`~topas_sglang.controller.Controller` of its scheduler:
+configured with ``--radix-eviction-policy topas``, and optionally
+``--radix-eviction-policy-config '{"policy": "topas:horizon=2"}'`` (a TOPAS policy spec).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from sglang.srt.mem_cache.evict_policy import EvictionStrategy
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from topas_sglang.controller import Controller
+
+NAME = "topas"
+"""The eviction-policy name (``--radix-eviction-policy topas``)."""
+
+_active: weakref.ref[Controller] | None = None
+
+
+def active() -> Controller | None:
+    """The controller of the newest ``topas`` strategy in this process (one scheduler
+    per process): hooks without a cache at hand (retraction order) reach it here."""
+    return None if _active is None else _active()
+
+
+class TopasRetention(EvictionStrategy):
+    """See the module docstring."""
+
+    def __init__(self, policy: str = "topas") -> None:
+        global _active
+        self.controller = Controller(policy_spec=policy, key_factory=RadixKey)
+        _active = weakref.ref(self.controller)
+
+    def get_priority(self, node: Any) -> tuple:
+        rank = self.controller.ranks.get(node.id)
+        if rank is None:
+            return (1, node.last_access_time)
+        return (*rank, node.last_access_time)
+
+
+def controller_of(tree_cache: Any) -> Controller | None:
+    """The controller behind ``tree_cache``'s eviction strategy, if it is ``topas``."""
+    core = getattr(tree_cache, "tree_core", None)
+    strategy = getattr(core, "eviction_strategy", None)
+    return strategy.controller if isinstance(strategy, TopasRetention) else None
