@@ -358,3 +358,22 @@ def test_client_payloads_pass_sglangs_own_request_classes():
         assert meta.ref == (task.id, stage.id) and got.sampling_params.max_new_tokens == (
             stage.output_tokens
         )
+
+
+def test_openai_completions_carry_the_metadata_to_the_scheduler():
+    # /v1/completions with token ids and custom_params at the top level of the body
+    # (the openai client's extra_body) fills the same sampling params as /generate
+    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+    from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from topas.workflow_metadata import decode
+
+    task = Task("t0", 0.0, (Stage("a", "pm", 8, 5), Stage("b", "eng", 8, 3, ("a",))))
+    meta = encode(task, "b", len(PROMPTS["eng"]))
+    body = {"model": "dummy", "prompt": PROMPTS["eng"] + [7] * 8, "max_tokens": 3,
+            "ignore_eos": True, "custom_params": meta}  # fmt: skip
+    request = CompletionRequest(**body)
+    params = SamplingParams(**OpenAIServingCompletion._build_sampling_params(None, request))
+    params.normalize(None)
+    assert decode(params.custom_params).ref == ("t0", "b") and params.max_new_tokens == 3

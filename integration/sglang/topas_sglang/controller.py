@@ -106,6 +106,7 @@ class Controller:
         obs = observe(waiting, running, self.releases)
         self._note_finished(obs)
         if not obs.requests:
+            self.ranks = {}  # no workflow in flight: no prompt has a known next use
             return None
         state = self._state(obs, now)
         policy = self._policy_for(state)
