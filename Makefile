@@ -13,23 +13,22 @@ SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
 .PHONY: demo test test-core test-sglang install install-sglang lint bench clean
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+# venv_rules(DIR, EXTRAS): create DIR, install the project with EXTRAS, stamp DIR/.installed
+define venv_rules
+$(1)/bin/python:
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+$(1)/.installed: pyproject.toml | $(1)/bin/python
+	$(1)/bin/python -m pip install --quiet -e '.[$(2)]'
+	touch $(1)/.installed
+endef
+
+SGLANG_EXTRAS := dev,sglang
+$(eval $(call venv_rules,$(VENV),dev))
+$(eval $(call venv_rules,$(SGLANG_VENV),$(SGLANG_EXTRAS)))
 
 install: $(STAMP)
-
-$(SGLANG_BIN)/python:
-	$(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_BIN)/python -m pip install --quiet --upgrade pip
-
-$(SGLANG_STAMP): pyproject.toml | $(SGLANG_BIN)/python
-	$(SGLANG_BIN)/python -m pip install --quiet -e '.[dev,sglang]'
-	touch $(SGLANG_STAMP)
 
 install-sglang: $(SGLANG_STAMP)
 

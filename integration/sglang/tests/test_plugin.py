@@ -113,6 +113,23 @@ def test_other_sglang_versions_are_refused(monkeypatch, caplog):
     assert "install sglang==0.5.23" in caplog.text
 
 
+def test_the_documented_flags_parse_and_configure_the_plugin():
+    from sglang.srt.mem_cache.utils import get_eviction_strategy
+    from sglang.srt.server_args import prepare_server_args
+
+    from topas.policies import PolicySpecError
+
+    args = prepare_server_args(["--model-path", "dummy", "--schedule-policy", "lpm",
+                                "--radix-eviction-policy", "topas",
+                                "--radix-eviction-policy-config",
+                                '{"policy": "topas:horizon=2"}'])  # fmt: skip
+    strategy = get_eviction_strategy(args.radix_eviction_policy, args.radix_eviction_policy_config)
+    assert isinstance(strategy, TopasRetention)
+    assert strategy.controller.policy_spec == "topas:horizon=2"
+    with pytest.raises(PolicySpecError, match="horizn"):  # a typo stops the server at start
+        get_eviction_strategy("topas", {"policy": "topas:horizn=2"})
+
+
 def test_topas_eviction_selects_the_python_tree_core():
     topas = make_cache("topas")
     plain = make_cache("lru")
