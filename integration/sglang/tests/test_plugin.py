@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from array import array
 
@@ -128,6 +129,31 @@ def test_the_documented_flags_parse_and_configure_the_plugin():
     assert strategy.controller.policy_spec == "topas:horizon=2"
     with pytest.raises(PolicySpecError, match="horizn"):  # a typo stops the server at start
         get_eviction_strategy("topas", {"policy": "topas:horizn=2"})
+
+
+def test_sglangs_launcher_accepts_the_flag_through_the_installed_entry_point():
+    # The real `python -m sglang.launch_server` in a fresh process: the entry point is
+    # found and `--radix-eviction-policy topas` parses; on this CPU-only host the server
+    # then stops at device detection. With the plugin excluded argparse rejects the name.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("would start a real server on this GPU")
+    model = Path(__file__).resolve().parents[1] / "models" / "llama-3-8b"
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
+           "--load-format", "dummy", "--skip-tokenizer-init",
+           "--radix-eviction-policy", "topas"]  # fmt: skip
+    runs = {}
+    for allow in ("topas", "none-of-them"):
+        env = {**os.environ, "SGLANG_PLUGINS": allow}
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        runs[allow] = run.stdout + run.stderr
+    assert "invalid choice" not in runs["topas"] and "No accelerator" in runs["topas"]
+    assert "invalid choice: 'topas'" in runs["none-of-them"]
 
 
 def test_topas_eviction_selects_the_python_tree_core():
