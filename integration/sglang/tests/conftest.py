@@ -14,16 +14,10 @@ import pytest
 
 sglang = pytest.importorskip("sglang")
 
-import torch  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
-from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
-from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: E402
-from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -40,17 +34,9 @@ def plugin():
 
 def make_cache(eviction: str = "topas", kv: int = 512, slots: int = 16, backend=None):  # type: ignore[no-untyped-def]
     """A UnifiedRadixCache as the scheduler builds it (backend None: SGLang chooses)."""
-    rtp = ReqToTokenPool(size=slots, max_context_len=4096, device="cpu", enable_memory_saver=False)
-    pool = MHATokenToKVPool(size=kv, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=8,
-                            layer_num=1, device="cpu", enable_memory_saver=False)  # fmt: skip
-    alloc = TokenToKVPoolAllocator(size=kv, dtype=torch.bfloat16, device="cpu", kvcache=pool,
-                                   need_sort=False)  # fmt: skip
-    params = CacheInitParams(
-        disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1,
-        tree_components=(ComponentType.FULL,), eviction_policy=eviction,
-        tree_core_backend=backend,
-    )  # fmt: skip
-    return UnifiedRadixCache(params)
+    from topas_sglang.cpu_loop import make_cache as build
+
+    return build(eviction, kv, slots, backend=backend)
 
 
 def schedule_policy(cache, name: str = "lpm") -> SchedulePolicy:  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ to read the chunked-prefill size from its server args.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from array import array
@@ -39,6 +40,8 @@ from topas.policies import make_policy
 from topas.policies.base import Policy, PolicyContext
 from topas.state import Decision, State
 from topas_sglang.adapter import Observation, observe
+
+logger = logging.getLogger("topas_sglang")
 
 DEFAULT_CHUNK = 8192  # SGLang's chunked-prefill size when the server args give none
 REPLAN_S = 0.1  # an unchanged queue, batch and tree are re-planned after this long
@@ -58,7 +61,7 @@ class Stats:
     retraction_orders: int = 0
     fallbacks: int = 0  # rounds that fell back to SGLang's order after an error
     decide_s: float = 0.0  # seconds inside plan_round / retraction_order
-    malformed: int = 0  # requests with TOPAS metadata that failed validation
+    malformed: int = 0  # sightings (per planned round) of requests whose metadata failed
 
 
 @dataclass
@@ -81,7 +84,6 @@ class Controller:
         self.prompt_ids: dict[str, array] = {}  # agent -> its system-prompt token ids
         self.prefix_tokens: dict[str, int] = {}
         self.prompt_nodes: dict[str, int] = {}  # agent -> node its cached prompt ends in
-        self.errors: list[str] = []  # malformed-metadata reasons (the newest few)
         self._policy: Policy | None = None
         self._policy_agents: frozenset[tuple[str, int]] = frozenset()
         self._server: ServerSpec | None = None
@@ -161,8 +163,13 @@ class Controller:
                 self._forget(tid)
         self.in_flight = present
         if obs.errors:
+            if not self.stats.malformed:
+                logger.warning(
+                    "TOPAS metadata not understood, scheduled as SGLang would: %s "
+                    "(logged once; Stats.malformed counts them)",
+                    obs.errors[0],
+                )
             self.stats.malformed += len(obs.errors)
-            self.errors = (self.errors + obs.errors)[-16:]
 
     def _forget(self, tid: str) -> None:
         for d in (self.finished, self.releases, self.task_size):

@@ -78,6 +78,29 @@ class LoopResult:
         return self.prompt_hits / max(1, self.prompt_tokens)
 
 
+def make_cache(
+    eviction: str = "topas",
+    kv_tokens: int = 512,
+    slots: int = 16,
+    max_context: int = 4096,
+    backend: str | None = None,
+) -> UnifiedRadixCache:
+    """A ``UnifiedRadixCache`` over CPU token pools, as the scheduler builds its own
+    (``backend`` None: SGLang picks the tree core; the plugin's hook may override)."""
+    rtp = ReqToTokenPool(size=slots, max_context_len=max_context, device="cpu",
+                         enable_memory_saver=False)  # fmt: skip
+    pool = MHATokenToKVPool(size=kv_tokens, page_size=1, dtype=torch.bfloat16, head_num=1,
+                            head_dim=1, layer_num=1, device="cpu",
+                            enable_memory_saver=False)  # fmt: skip
+    alloc = TokenToKVPoolAllocator(size=kv_tokens, dtype=torch.bfloat16, device="cpu",
+                                   kvcache=pool, need_sort=False)  # fmt: skip
+    return UnifiedRadixCache(CacheInitParams(
+        disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1,
+        tree_components=(ComponentType.FULL,), eviction_policy=eviction,
+        tree_core_backend=backend,
+    ))  # fmt: skip
+
+
 class CpuLoop:
     """One replay (see the module docstring)."""
 
@@ -100,17 +123,9 @@ class CpuLoop:
         longest = max(len(a) for a in prefix_ids(instance, seed).values()) + max(
             s.input_tokens + s.output_tokens for t in instance.tasks for s in t.stages
         )
-        self.rtp = ReqToTokenPool(size=slots, max_context_len=longest + 8, device="cpu",
-                                  enable_memory_saver=False)  # fmt: skip
-        pool = MHATokenToKVPool(size=kv, page_size=1, dtype=torch.bfloat16, head_num=1,
-                                head_dim=1, layer_num=1, device="cpu",
-                                enable_memory_saver=False)  # fmt: skip
-        self.alloc = TokenToKVPoolAllocator(size=kv, dtype=torch.bfloat16, device="cpu",
-                                            kvcache=pool, need_sort=False)  # fmt: skip
-        self.cache = UnifiedRadixCache(CacheInitParams(
-            disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
-            page_size=1, tree_components=(ComponentType.FULL,), eviction_policy=eviction,
-        ))  # fmt: skip
+        self.cache = make_cache(eviction, kv, slots, max_context=longest + 8)
+        self.rtp = self.cache.req_to_token_pool
+        self.alloc = self.cache.token_to_kv_pool_allocator
         self.policy = SchedulePolicy(schedule_policy, self.cache, False, False, False)
         self.adder_class = Scheduler.get_prefill_adder_class(None)
         self.slots = slots
