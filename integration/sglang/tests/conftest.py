@@ -25,6 +25,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 def plugin():
     """SGLang discovers and runs the entry point (only ours: SGLANG_PLUGINS)."""
     import sglang.srt.plugins as plugins
+
     from topas_sglang.cpu_loop import load_plugin
 
     plugins._plugins_loaded = False

@@ -10,10 +10,10 @@ sglang = pytest.importorskip("sglang")
 
 from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
-from topas_sglang.adapter import observe  # noqa: E402
 
 from topas.instance import Stage, Task  # noqa: E402
 from topas.workflow_metadata import encode  # noqa: E402
+from topas_sglang.adapter import observe  # noqa: E402
 
 TASK = Task(
     "t0",

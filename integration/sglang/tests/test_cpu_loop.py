@@ -7,10 +7,9 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from topas_sglang.cpu_loop import replay  # noqa: E402
-
 from topas.timing import linear_cost  # noqa: E402
 from topas.workloads import generate  # noqa: E402
+from topas_sglang.cpu_loop import replay  # noqa: E402
 
 
 def _check_replay(inst, result) -> None:  # type: ignore[no-untyped-def]

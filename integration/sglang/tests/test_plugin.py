@@ -24,6 +24,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, SchedulePolicy  # 
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
+
 from topas_sglang import controller as controller_mod  # noqa: E402
 from topas_sglang.adapter import observe  # noqa: E402
 from topas_sglang.controller import queue_order  # noqa: E402
