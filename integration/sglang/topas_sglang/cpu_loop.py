@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -120,7 +119,8 @@ class CpuLoop:
         self.cost = linear_cost(server)
         kv = kv_tokens or server.kv_capacity_tokens
         slots = max_running or server.max_running or 256
-        longest = max(len(a) for a in prefix_ids(instance, seed).values()) + max(
+        self.prefixes = prefix_ids(instance, seed)
+        longest = max(map(len, self.prefixes.values())) + max(
             s.input_tokens + s.output_tokens for t in instance.tasks for s in t.stages
         )
         self.cache = make_cache(eviction, kv, slots, max_context=longest + 8)
@@ -129,7 +129,6 @@ class CpuLoop:
         self.policy = SchedulePolicy(schedule_policy, self.cache, False, False, False)
         self.adder_class = Scheduler.get_prefill_adder_class(None)
         self.slots = slots
-        self.prefixes = prefix_ids(instance, seed)
         self.t = 0.0
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -138,17 +137,17 @@ class CpuLoop:
 
     # ------------------------------------------------------------------ the run
 
-    def run(self, progress: Callable[[int], None] | None = None) -> LoopResult:
+    def run(self) -> LoopResult:
         saved = hooks.clock
         hooks.clock = lambda: EPOCH + self.t
         try:
-            self._run(progress)
+            self._run()
         finally:
             hooks.clock = saved
         self.result.stats = getattr(controller_of(self.cache), "stats", None)
         return self.result
 
-    def _run(self, progress: Callable[[int], None] | None) -> None:
+    def _run(self) -> None:
         arrivals = sorted(self.inst.tasks, key=lambda task: task.arrival)
         total = len(arrivals)
         while len(self.result.jct) < total:
@@ -170,8 +169,6 @@ class CpuLoop:
                     raise RuntimeError(f"stuck at t={self.t:.3f}: nothing admissible")
                 self.t = arrivals[0].arrival
             self.result.iterations += 1
-            if progress is not None:
-                progress(len(self.result.jct))
 
     def _send(self, ref: StageRef) -> None:
         """The client sends the stage's request (as ``topas serve-bench`` does)."""
