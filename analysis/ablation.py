@@ -39,7 +39,8 @@ METRICS = (("mean_jct", "mean JCT"), ("p99_jct", "p99 JCT"))
 
 def build_parser() -> ex.Parser:
     ap = ex.Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default=",".join(ex.WORKLOADS), help="comma-separated")
+    ap.add_argument("--workloads", default=",".join(ex.STUDY_WORKLOADS), help="comma-separated")
+    ex.add_profile_option(ap)
     ap.add_argument("--load", default="1.2", help="load factor (default: high load)")
     ap.add_argument("--seeds", default="5", help="N (seeds 0..N-1) or a comma list")
     ap.add_argument("--tasks", default="200", help="tasks per instance")
@@ -58,7 +59,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "workloads": ex.parse_workloads(args.workloads),
         "load": ex.parse_positive_float(args.load, "--load"),
-        "seeds": ex.parse_seeds(args.seeds),
+        "seeds": ex.check_report_seeds(ex.parse_seeds(args.seeds)),
         "tasks": ex.parse_positive_int(args.tasks, "--tasks"),
         "sigmas": sorted({0.0, *sigmas}),
         "sweep_policies": ex.parse_policies(args.sweep_policies, "--sweep-policies"),
@@ -66,6 +67,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
         "jobs": ex.parse_jobs(args.jobs),
         "kv_scale": ex.parse_positive_float(args.kv_scale, "--kv-scale"),
         "out": str(ex.check_out(args.out)),
+        "profile": ex.parse_profile(args.profile),
     }
     ex.check_instances(cfg["workloads"], cfg["seeds"], cfg["load"], cfg["tasks"], cfg["kv_scale"])
     return cfg
@@ -80,6 +82,7 @@ def _job(cfg: Mapping[str, Any], w: str, seed: int, spec: str, sigma: float) -> 
         "num_tasks": cfg["tasks"],
         "prediction_error": sigma,
         "kv_scale": cfg["kv_scale"],
+        **ex.profile_kwargs(cfg),
     }
 
 

@@ -36,7 +36,8 @@ DEFAULT_LOADS = "0.5,0.8,1.0,1.2"
 
 def build_parser() -> ex.Parser:
     ap = ex.Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default=",".join(ex.WORKLOADS), help="comma-separated")
+    ap.add_argument("--workloads", default=",".join(ex.STUDY_WORKLOADS), help="comma-separated")
+    ex.add_profile_option(ap)
     ap.add_argument("--loads", default=DEFAULT_LOADS, help="load factors, comma-separated")
     ap.add_argument("--seeds", default="5", help="N (seeds 0..N-1) or a comma list")
     ap.add_argument("--tasks", default="200", help="tasks per instance")
@@ -53,12 +54,13 @@ def config_from_args(args: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "workloads": ex.parse_workloads(args.workloads),
         "loads": ex.parse_floats(args.loads, "--loads", 0.0, strict=True),
-        "seeds": ex.parse_seeds(args.seeds),
+        "seeds": ex.check_report_seeds(ex.parse_seeds(args.seeds)),
         "tasks": ex.parse_positive_int(args.tasks, "--tasks"),
         "policies": ex.parse_policies(args.policies, "--policies"),
         "jobs": ex.parse_jobs(args.jobs),
         "kv_scale": ex.parse_positive_float(args.kv_scale, "--kv-scale"),
         "out": str(ex.check_out(args.out)),
+        "profile": ex.parse_profile(args.profile),
     }
     cfg["proposed"] = PROPOSED if PROPOSED in cfg["policies"] else None
     cfg["baselines"] = [p for p in cfg["policies"] if p.partition(":")[0] != PROPOSED]
@@ -77,6 +79,7 @@ def make_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
             "spec": p,
             "num_tasks": cfg["tasks"],
             "kv_scale": cfg["kv_scale"],
+            **ex.profile_kwargs(cfg),
         }
         for w in cfg["workloads"]
         for load in cfg["loads"]

@@ -41,7 +41,23 @@ from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
 from topas.workloads import WORKLOADS, generate
 
+STUDY_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.profile is None)
+"""The families on the project's default profile: the default of compare and ablation.
+The paper's five (on its own profile) are ``analysis/reproduce_paper.py``'s."""
+
 TIMING = "calibrated"
+
+TUNING_SEED_MIN = 1000
+"""Seeds at or above this are for choosing defaults; studies report on seeds below it, so
+no reported figure comes from an instance a default was tuned on (config.json records
+both sets)."""
+
+LEGACY_TUNING_SEEDS = (0, 1, 2, 10, 11, 12)
+"""The calibrated seeds today's ``topas`` defaults were chosen on (0-2, load 1.2) and
+checked on (10-12) before the split (docs/topas.md): no study reports on them."""
+
+REPORT_SEED_START = 20
+"""``--seeds N`` means the N reporting seeds from here: 20, 21, ... (never tuned on)."""
 ABLATION_TERMS = ("path", "reuse", "move", "preempt", "aging", "reserve")
 
 # Two-sided 95% critical values of Student's t, t_{0.975, df} for df = 1..30: the standard
@@ -372,6 +388,7 @@ def config_document(study: str, params: Mapping[str, Any], command: str) -> dict
     return {
         "study": study,
         **params,
+        "seed_split": SEED_SPLIT,
         "timing": TIMING,
         "command": command,
         "topas_version": package_version(),
@@ -475,7 +492,9 @@ def parse_positive_int(text: str, option: str) -> int:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``N`` (no comma): seeds 0..N-1. ``a,b,...``: those seeds (``3,`` is seed 3 alone)."""
+    """``N`` (no comma): the first N reporting seeds, :data:`REPORT_SEED_START` onwards.
+    ``a,b,...``: those seeds (``3,`` is seed 3 alone). Tuning seeds are refused by
+    :func:`check_report_seeds`, which every study applies."""
     if "," not in text:
         try:
             n = int(text)
@@ -483,7 +502,7 @@ def parse_seeds(text: str) -> list[int]:
             raise CliError(f"--seeds: expected a count or a comma list, got {text!r}") from None
         if n <= 0:
             raise CliError(f"--seeds: empty seed list ({text!r})")
-        return list(range(n))
+        return list(range(REPORT_SEED_START, REPORT_SEED_START + n))
     seeds: list[int] = []
     for item in _items(text):
         try:
@@ -496,6 +515,52 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise CliError(f"--seeds: empty seed list ({text!r})")
     return list(dict.fromkeys(seeds))
+
+
+def add_profile_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="server profile (topas profiles; default: each workload's own)",
+    )
+
+
+def parse_profile(text: str | None) -> str | None:
+    """A known profile name, or None for each workload's default."""
+    if text is None:
+        return None
+    from topas.profiles import ProfileError, get_profile
+
+    try:
+        return get_profile(text).name
+    except ProfileError as e:
+        raise CliError(f"--profile: {e}") from None
+
+
+def profile_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``generate`` keyword of a study's ``--profile`` (nothing when not given, so rows
+    and jobs stay as they were)."""
+    return {} if cfg.get("profile") is None else {"profile": cfg["profile"]}
+
+
+SEED_SPLIT = {
+    "tuning": f">= {TUNING_SEED_MIN}, and {fmt_list(LEGACY_TUNING_SEEDS)} (before the split)",
+    "report": f"< {TUNING_SEED_MIN}, never a tuning seed; by default {REPORT_SEED_START} onwards",
+}
+"""What every config.json records of the split."""
+
+
+def check_report_seeds(seeds: Sequence[int], option: str = "--seeds") -> list[int]:
+    """``seeds`` if none is a tuning seed (>= :data:`TUNING_SEED_MIN`, or one of
+    :data:`LEGACY_TUNING_SEEDS`), else bad input."""
+    tuning = [s for s in seeds if s >= TUNING_SEED_MIN or s in LEGACY_TUNING_SEEDS]
+    if tuning:
+        raise CliError(
+            f"{option}: {fmt_list(tuning)} are tuning seeds (>= {TUNING_SEED_MIN}, or "
+            f"{fmt_list(LEGACY_TUNING_SEEDS)}, on which today's defaults were chosen); "
+            f"report on others, e.g. {REPORT_SEED_START} onwards"
+        )
+    return list(seeds)
 
 
 def parse_policies(text: str, option: str) -> list[str]:

@@ -21,7 +21,15 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from topas.gap import DEFAULT_FAMILIES, GapConfig, default_policies, run_gap_study
+from topas.gap import (
+    DEFAULT_FAMILIES,
+    REPORT_STUDY_SEED,
+    TUNING_STUDY_SEEDS,
+    GapConfig,
+    default_policies,
+    is_tuning_seed,
+    run_gap_study,
+)
 from topas.policies import split_specs
 
 
@@ -40,7 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", choices=("cpsat", "cbc", "highs"), default="cpsat")
     ap.add_argument("--time-limit", type=float, default=30.0, help="per instance, seconds")
     ap.add_argument("--threads", type=int, default=1, help="solver threads per instance")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=REPORT_STUDY_SEED,
+        help=f"study seed; reports refuse the tuning seeds ({TUNING_STUDY_SEEDS}) unless --tuning",
+    )
+    ap.add_argument(
+        "--tuning", action="store_true", help="allow a tuning seed (to choose defaults)"
+    )
     ap.add_argument("--jobs", type=int, default=1, help="instances solved in parallel")
     ap.add_argument("--out", default="results/gap", help="output folder")
     ap.add_argument("--no-progress", action="store_true")
@@ -57,6 +73,11 @@ def config_from_args(args: argparse.Namespace) -> GapConfig:
         policies = tuple(dict.fromkeys([*default_policies(), *extra]))
     else:
         policies = None
+    if is_tuning_seed(args.seed) and not args.tuning:
+        raise ValueError(
+            f"--seed {args.seed} is a tuning seed ({TUNING_STUDY_SEEDS}): report on another, "
+            "or pass --tuning to choose defaults on it"
+        )
     try:
         tasks = tuple(int(n) for n in args.tasks.split(",") if n.strip())
     except ValueError:

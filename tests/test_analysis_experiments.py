@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from topas.policies import BASELINES
+
 ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / "analysis"
 
@@ -138,15 +140,19 @@ def test_compare_policies_end_to_end(tmp_path: Path) -> None:
     files = {"config.json", "runs.csv", "summary.md", "jct_vs_load.png"}
     assert {p.name for p in out.iterdir()} == files
     rows = _csv_rows(out / "runs.csv")
-    assert len(rows) == 1 * 2 * 2 * 6  # workloads x loads x seeds x policies
-    assert {row["policy"] for row in rows} == {"fcfs", "lpm", "cpf", "atlas", "kvflow", "topas"}
+    # workloads x loads x seeds x policies (every registered baseline, then topas)
+    assert len(rows) == 1 * 2 * 2 * (len(BASELINES) + 1)
+    assert {row["policy"] for row in rows} == {*BASELINES, "topas"}
+    assert {"spf", "parrot-fcfs", "las"} <= set(BASELINES)  # the paper's three
     summary = (out / "summary.md").read_text()
     assert summary == r.stdout
     assert "## chain" in summary and "**chain**" in summary
     table = [line for line in summary.splitlines() if line.startswith(("| 0.8 |", "| 1.2 |"))]
     assert len(table) == 2
     config = json.loads((out / "config.json").read_text())
-    assert config["seeds"] == [0, 1] and config["tasks"] == 6 and config["runs"] == 24
+    assert config["seeds"] == [20, 21] and config["tasks"] == 6  # the first reporting seeds
+    assert config["runs"] == len(rows)
+    assert config["seed_split"] == ex.SEED_SPLIT
     assert config["topas_version"] and config["date"]
     assert (out / "jct_vs_load.png").stat().st_size > 1000
 
@@ -178,6 +184,9 @@ BAD_INPUT = [
     ("compare_policies", ["--tasks", "x"], "--tasks"),
     ("compare_policies", ["--seeds", "0"], "--seeds"),
     ("compare_policies", ["--seeds", ","], "--seeds"),
+    ("compare_policies", ["--seeds", "1000,1001"], "tuning seeds"),
+    ("compare_policies", ["--seeds", "2,20"], "tuning seeds"),
+    ("ablation", ["--seeds", "1500,"], "tuning seeds"),
     ("compare_policies", ["--policies", "fcfs,bogus"], "bogus"),
     ("compare_policies", ["--policies", "topas:nosuch=1"], "nosuch"),
     ("compare_policies", ["--loads", "0.8,-1"], "--loads"),

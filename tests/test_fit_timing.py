@@ -33,15 +33,34 @@ PREFILL_MAX_REL, PREFILL_RMS_REL = 0.30, 0.08
 CROSS_MAX_REL, CROSS_RMS_REL = 0.30, 0.15
 
 
+REPO = SCRIPT.parents[1]
+
+
 @pytest.fixture(scope="module")
 def real_fit():
-    if not ft.DEFAULT_DATA_DIR.is_dir():
-        pytest.skip(f"shared profile data absent: {ft.DEFAULT_DATA_DIR}")
     return ft.fit(ft.DEFAULT_DATA_DIR)
 
 
+@pytest.fixture(scope="module")
+def qwen_fit():
+    return ft.fit(profile="qwen2.5-32b/a100-80gb")
+
+
 # ----------------------------------------------------------------------------------------
-# On the shared data
+# The data live in the repository
+
+
+def test_profile_data_are_in_the_repository():
+    assert ft.DEFAULT_DATA_DIR == REPO / "analysis" / "data" / "vidur-profiles"
+    for name in (ft.H100_FILE, ft.A100_FILE, ft.A100_34B_FILE, ft.H100_34B_FILE):
+        assert (ft.DEFAULT_DATA_DIR / name).is_file(), name
+    assert "MIT License" in (ft.DEFAULT_DATA_DIR / "LICENSE").read_text()
+    readme = (ft.DEFAULT_DATA_DIR / "README.md").read_text()
+    assert "microsoft/vidur" in readme and "7d47513" in readme
+
+
+# ----------------------------------------------------------------------------------------
+# On the measured data: llama-3-8b/h100
 
 
 def test_parameters_positive_and_physical(real_fit):
@@ -129,6 +148,148 @@ def test_cli_writes_outputs(tmp_path, real_fit):
     for key in ("base_s", "prefill_token_s", "decode_seq_s", "kv_token_s"):
         assert saved[key] == real_fit[key]
     assert repr(real_fit["base_s"]) in (out / "summary.md").read_text()
+
+
+def test_default_profile_is_the_h100_fit(real_fit):
+    assert real_fit["profile"] == ft.DEFAULT_PROFILE == "llama-3-8b/h100"
+    again = ft.fit(profile="llama-3-8b/h100")
+    for key in ("base_s", "prefill_token_s", "decode_seq_s", "kv_token_s"):
+        assert again[key] == real_fit[key]
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b/h200", "qwen2.5-32b/a100-80gb"])
+def test_cli_profile_writes_outputs(tmp_path, name):
+    out = tmp_path / "out"
+    assert ft.main(["--profile", name, "--out", str(out)]) == 0
+    saved = json.loads((out / "fit.json").read_text())
+    assert saved["profile"] == name
+    for fname in ("fit.json", "fit.png", "summary.md"):
+        assert (out / fname).is_file()
+    text = (out / "summary.md").read_text()
+    assert repr(saved["base_s"]) in text and f"--profile {name}" in text
+
+
+def test_output_folder_is_named_after_the_profile():
+    assert ft.profile_dirname("qwen2.5-32b/a100-80gb") == "qwen2.5-32b_a100-80gb"
+    assert ft.profile_dirname("llama-3-8b/h100") == "llama-3-8b_h100"
+
+
+def test_unknown_profile_is_a_one_line_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--profile", "nope", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "unknown profile 'nope'" in proc.stderr
+    for name in ft.FITS:
+        assert name in proc.stderr
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ft.DataError, match="valid: "):
+        ft.fit(profile="nope")
+
+
+# ----------------------------------------------------------------------------------------
+# qwen2.5-32b/a100-80gb: A100 CodeLlama-34B profile scaled to Qwen2.5-32B
+
+# CodeLlama-34B -> Qwen2.5-32B, by hand (FLOPs = weight bytes for each GEMM).
+QWEN_RATIO = {
+    "emb": 5120 / 8192,
+    "input_layernorm": 5120 / 8192,
+    "attn_pre_proj": (5120 * (40 + 16) * 128) / (8192 * (64 + 16) * 128),
+    "attn_rope": (40 + 8) / (64 + 8),
+    "attn_post_proj": (5120 * 5120) / (8192 * 8192),
+    "post_attention_layernorm": 5120 / 8192,
+    "mlp_up_proj": (5120 * 2 * 27648) / (8192 * 2 * 22016),
+    "mlp_act": 27648 / 22016,
+    "mlp_down_proj": (27648 * 5120) / (22016 * 8192),
+    "add": 5120 / 8192,
+}
+QWEN_LM = (5120 * 152064) / (8192 * 2 * 22016)
+
+
+def test_qwen_scaling_ratios_by_hand(qwen_fit):
+    ratios = qwen_fit["scaling"]["op_ratios_target_over_profiled"]
+    for op, r in QWEN_RATIO.items():
+        assert ratios[op] == pytest.approx(r, rel=1e-12), op
+    assert qwen_fit["scaling"]["lm_head_over_profiled_up_proj"] == pytest.approx(QWEN_LM)
+    # The constant ratios stay within a few percent of a full A100 roofline ratio.
+    for dev in qwen_fit["scaling"]["roofline_ratio_max_deviation"].values():
+        assert dev < 0.05
+
+
+def test_qwen_curve_assembly_by_hand(qwen_fit):
+    """T(1) from the A100 CodeLlama-34B row at n = 1 (medians, ms), scaled by hand."""
+    row = {
+        "emb": 0.003,
+        "input_layernorm": 0.008,
+        "attn_pre_proj": 0.1105,
+        "attn_rope": 0.007,
+        "attn_post_proj": 0.0925,
+        "post_attention_layernorm": 0.008,
+        "mlp_up_proj": 0.447,
+        "mlp_act": 0.017,
+        "mlp_down_proj": 0.2275,
+        "add": 0.002,
+    }
+    layer = sum(QWEN_RATIO[op] * row[op] for op in ft.LAYER_OPS)
+    expected_ms = QWEN_RATIO["emb"] * row["emb"] + 64 * layer + QWEN_LM * row["mlp_up_proj"]
+    assert qwen_fit["curves"]["n"][0] == 1
+    assert qwen_fit["curves"]["decode_s"][0] == pytest.approx(expected_ms * 1e-3, rel=1e-9)
+
+
+def test_qwen_fit_is_physical(qwen_fit):
+    r, s = qwen_fit, qwen_fit["sanity"]
+    # A decode step reads ~64 GB of weights: not faster than 2.039 TB/s allows.
+    assert r["base_s"] > s["weights_read_at_peak_bw_s"] > 0.03
+    assert 0.6 < s["base_implied_bw_fraction"] < 0.95
+    # Prefill below dense BF16 peak, in the usual 50-85% of it.
+    assert 0.5 < s["prefill_implied_flops_fraction"] < 0.85
+    assert r["kv"]["bytes_per_token"] == 262144
+    assert r["kv_token_s"] == pytest.approx(262144 / (0.85 * 2.039e12), rel=1e-12)
+    for key in ("decode", "prefill"):
+        assert r["residuals"][key]["max_abs_rel"] < 0.30
+        assert r["residuals"][key]["rms_rel"] < 0.12
+    assert abs(r["residuals"]["prefill"]["mean_rel"]) < 0.03
+
+
+def test_qwen_cross_check_against_the_h100_profile(qwen_fit):
+    cc = qwen_fit["cross_check"]
+    assert cc["datasheet"]["hbm_bandwidth_ratio"] == pytest.approx(3.35 / 2.039)
+    assert cc["datasheet"]["bf16_flops_ratio"] == pytest.approx(989.4 / 312)
+    g = cc["speedup_all_gemms"]
+    # The A100 is 1.6-2x slower on memory-bound GEMMs and ~3x on compute-bound ones,
+    # within 20% of the datasheet ratios.
+    assert 1.4 < g["memory_bound_median"] < 2.2
+    assert 2.5 < g["compute_bound_median"] < 3.5
+    assert abs(cc["memory_bound_vs_bandwidth_ratio"]) < 0.2
+    assert abs(cc["compute_bound_vs_flops_ratio"]) < 0.2
+    # The A100's coefficients are larger than the H100's by about those ratios.
+    ratio = cc["coefficient_ratio_primary_over_other"]
+    assert 1.3 < ratio["base_s"] < 2.2
+    assert 2.5 < ratio["prefill_token_s"] < 3.5
+
+
+# ----------------------------------------------------------------------------------------
+# llama-3-8b/h200: the refit of whole measured iterations
+
+
+def test_h200_refit_runs_agree():
+    r = ft.fit(profile="llama-3-8b/h200")
+    assert r["coefficients_from"] == "h200_iteration_times_a.json"
+    assert set(r["runs"]) == {"h200_iteration_times_a.json", "h200_iteration_times_b.json"}
+    for key, spread in r["run_spread_max_rel"].items():
+        assert spread < 0.02, key
+    for run in r["runs"].values():
+        assert run["points"] == 31
+        assert run["stored_coefficients_error"]["rms_rel"] < 0.2
+
+
+def test_h200_missing_measurements_are_an_error(tmp_path):
+    with pytest.raises(ft.DataError, match="not found"):
+        ft.fit(tmp_path, profile="llama-3-8b/h200")
 
 
 # ----------------------------------------------------------------------------------------
@@ -297,3 +458,40 @@ def test_synthetic_shared_base_prefill_slope_exact(tmp_path):
     ext = r["cross_check"]["extrapolation"]
     assert ext["n_range"] == [6144, 8192]
     assert ext["model_vs_a100_derived"]["max_abs_rel"] < 1e-9
+
+
+def test_synthetic_scaled_profile_is_fitted_back_exactly(tmp_path):
+    """Exactly linear A100 CodeLlama-34B data: the Qwen2.5-32B coefficients by hand."""
+    shape = {
+        "n_head": 64,
+        "n_kv_head": 8,
+        "n_embd": 8192,
+        "n_expanded_embd": 22016,
+        "vocab_size": 32768,
+        "use_gated_mlp": True,
+    }
+    coef = dict(SYNTH, mlp_up_proj=(0.050, 0.0))  # flat up_proj: every line is exact
+
+    def ms(n):
+        return {op: a + b * n for op, (a, b) in coef.items()}
+
+    a100 = [_row(ms(n), n, 1, shape) for n in H100_N]
+    h100 = [_row({op: t / 2.5 for op, t in ms(n).items()}, n, 1, shape) for n in H100_N]
+    _write_csv(tmp_path / ft.A100_34B_FILE, a100)
+    _write_csv(tmp_path / ft.H100_34B_FILE, h100)
+    r = ft.fit(tmp_path, profile="qwen2.5-32b/a100-80gb")
+    a = QWEN_RATIO["emb"] * coef["emb"][0]
+    a += 64 * sum(QWEN_RATIO[op] * coef[op][0] for op in ft.LAYER_OPS)
+    b = QWEN_RATIO["emb"] * coef["emb"][1]
+    b += 64 * sum(QWEN_RATIO[op] * coef[op][1] for op in ft.LAYER_OPS)
+    lm = QWEN_LM * coef["mlp_up_proj"][0]
+    assert r["base_s"] == pytest.approx((a + lm) * 1e-3, rel=1e-9)
+    assert r["decode_seq_s"] == pytest.approx(b * 1e-3, rel=1e-9)
+    assert r["prefill_token_s"] == pytest.approx(b * 1e-3, rel=1e-9)
+    assert r["residuals"]["decode"]["max_abs_rel"] < 1e-9
+    assert r["residuals"]["prefill"]["max_abs_rel"] < 1e-9
+    cc = r["cross_check"]
+    for region in ("n=1", "memory_bound_median", "compute_bound_median"):
+        assert cc["speedup_all_gemms"][region] == pytest.approx(2.5)
+    for key, ratio in cc["coefficient_ratio_primary_over_other"].items():
+        assert ratio == pytest.approx(2.5), key

@@ -75,7 +75,7 @@ def test_gap_study_writes_all_files(tmp_path: Path) -> None:
     assert {r["family"] for r in rows} == {"chain", "fanout"}
     for r in rows:
         assert r["tasks"] == "2" and r["backend"] == "cbc"
-        assert int(r["instance_seed"]) == instance_seed(0, 2, 0)
+        assert int(r["instance_seed"]) == instance_seed(1, 2, 0)  # the reporting seed
         assert len(r["instance_hash"]) == 64
         assert 6 <= int(r["stages"]) <= 20 and 2 <= int(r["agents"]) <= 4
         lb, ub, p = int(r["lower_bound"]), int(r["upper_bound"]), int(r["policy_objective"])
@@ -92,6 +92,7 @@ def test_gap_study_writes_all_files(tmp_path: Path) -> None:
     assert doc["config"]["families"] == ["chain", "fanout"]
     assert doc["policies"] == list(policies)
     assert "clairvoyant" in doc["clairvoyance"]
+    assert doc["seed_split"]["this_study"] == "report" and doc["config"]["seed"] == 1
 
 
 @pytest.mark.parametrize(
@@ -167,6 +168,12 @@ def test_analysis_script_adds_ablations_to_registered() -> None:
     args = mod.build_parser().parse_args(["--policies", "lpm:max_sorted=4,fcfs", "--only"])
     assert mod.config_from_args(args).policies == ("lpm:max_sorted=4", "fcfs")
     assert mod.main(["--policies", "lpm:bogus=1", "--backend", "cbc"]) == 2
+    assert mod.config_from_args(mod.build_parser().parse_args([])).seed == 1  # reporting
+    for seed in ("0", "1000"):  # the tuning seeds need --tuning
+        with pytest.raises(ValueError, match="tuning seed"):
+            mod.config_from_args(mod.build_parser().parse_args(["--seed", seed]))
+        tuned = mod.config_from_args(mod.build_parser().parse_args(["--seed", seed, "--tuning"]))
+        assert tuned.seed == int(seed)
 
 
 # --------------------------------------------------------------------------- the property

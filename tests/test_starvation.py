@@ -16,6 +16,7 @@ without it (topas:reserve=0) or without aging it grows like lpm's.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def test_adversarial_stream_shape() -> None:
 
 def test_cli_writes_summary_csv_and_plot(tmp_path, capsys) -> None:
     out = tmp_path / "starv"
-    argv = ["--lengths", "30,60", "--seeds", "0", "--policies", "lpm", "--bounds", "slots"]
+    argv = ["--lengths", "30,60", "--seeds", "20", "--policies", "lpm", "--bounds", "slots"]
     assert starvation.main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "## `slots`-bound" in printed and "| `lpm` | 60 |" in printed
@@ -132,6 +133,8 @@ def test_cli_writes_summary_csv_and_plot(tmp_path, capsys) -> None:
     lines = (out / "runs.csv").read_text().splitlines()
     assert lines[0].startswith("bound,length,seed,policy,cold_jct_s") and len(lines) == 3
     assert (out / "cold_jct.png").stat().st_size > 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["seeds"] == [20] and "tuning" in config["seed_split"]
 
 
 @pytest.mark.parametrize(
@@ -142,6 +145,8 @@ def test_cli_writes_summary_csv_and_plot(tmp_path, capsys) -> None:
         ["--policies", "nosuch"],
         ["--bounds", "disk"],
         ["--seeds", "-1"],
+        ["--seeds", "1000"],  # a tuning seed
+        ["--seeds", "0"],  # the legacy tuning seeds of today's defaults
         ["--frobnicate"],
     ],
 )

@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="log-normal noise on predicted_output_tokens (default 0: the truth)",
     )
     g.add_argument("--token-scale", type=float, default=1.0, help="divide token counts by this")
+    _profile_options(g, movement=True)
     g.add_argument(
         "--timing",
         choices=TIMING_MODES,
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("instance")
     s.add_argument("--policy", required=True, help="policy spec, e.g. lpm or pkg.mod:Class")
     _run_options(s)
+    _profile_options(s, movement=False)
     s.add_argument("--out", required=True, help="result file to write (topas-result/1)")
     s.add_argument("--with-schedule", action="store_true", help="include the full schedule")
     s.set_defaults(func=cmd_simulate)
@@ -110,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated specs (default {','.join(BASELINES)})",
     )
     _run_options(c)
+    _profile_options(c, movement=False)
     c.add_argument("--csv", help="also write the table as CSV")
     c.set_defaults(func=cmd_compare)
 
@@ -128,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--policies", default=None, help="specs (default: every registered one)")
     gp.add_argument("--backend", choices=("cpsat", "cbc", "highs"), default="cpsat")
     gp.add_argument("--time-limit", type=float, default=30.0, help="per instance, seconds")
-    gp.add_argument("--seed", type=int, default=0)
+    gp.add_argument(
+        "--seed", type=int, default=1, help="study seed (0 and >= 1000 are kept for tuning)"
+    )
     gp.add_argument("--jobs", type=int, default=1, help="instances solved in parallel")
     gp.add_argument("--out", default="results/gap", help="output folder")
     gp.add_argument("--no-progress", action="store_true")
@@ -151,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--load", type=float, default=1.0)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_demo)
+
+    pr = sub.add_parser("profiles", help="list the server profiles (model x GPU)")
+    pr.add_argument("name", nargs="?", help="one profile, in full (default: a table of all)")
+    pr.set_defaults(func=cmd_profiles)
 
     pl = sub.add_parser("policies", help="list the registered policies")
     pl.set_defaults(func=lambda a: print("\n".join(available())))
@@ -176,6 +185,43 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def _profile_options(p: argparse.ArgumentParser, movement: bool) -> None:
+    p.add_argument(
+        "--profile",
+        help="server profile (model x GPU), see `topas profiles`"
+        + (" (default: the workload's)" if movement else "; re-times the instance's server"),
+    )
+    if movement:
+        p.add_argument(
+            "--movement",
+            choices=("recompute", "swap"),
+            help="how an absent prefix is brought back (default: the profile's)",
+        )
+    p.add_argument(
+        "--swap-gbps",
+        type=float,
+        help="host link bandwidth B_swap in GB/s (default: the profile's measured figure)",
+    )
+
+
+def _swap_bytes(args: argparse.Namespace) -> float | None:
+    gbps = getattr(args, "swap_gbps", None)
+    if gbps is None:
+        return None
+    if not (math.isfinite(gbps) and gbps > 0):
+        raise CliError(f"--swap-gbps: must be a positive number, got {gbps:g}")
+    return gbps * 1e9
+
+
+def retimed(inst: Instance, args: argparse.Namespace) -> Instance:
+    """``inst`` re-timed by ``--profile`` / ``--swap-gbps`` (simulate, compare)."""
+    from topas.profiles import retime_instance
+
+    if args.profile is None and args.swap_gbps is None:
+        return inst
+    return retime_instance(inst, args.profile, _swap_bytes(args))
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -195,6 +241,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
         prediction_sigma=args.prediction_sigma,
         token_scale=args.token_scale,
         timing=args.timing,
+        profile=args.profile,
+        movement=args.movement,
+        swap_bytes_per_s=_swap_bytes(args),
         **params,
     )
     save_instance(inst, args.out)
@@ -211,8 +260,17 @@ def cmd_workloads(args: argparse.Namespace) -> None:
     print("\n\n".join(describe(n) for n in names))
 
 
+def cmd_profiles(args: argparse.Namespace) -> None:
+    from topas.profiles import PROFILES, describe_profile, get_profile, profiles_table
+
+    if args.name:
+        print(describe_profile(get_profile(args.name)))
+    else:
+        print(profiles_table(PROFILES.values()))
+
+
 def cmd_simulate(args: argparse.Namespace) -> None:
-    inst = load_instance(args.instance)
+    inst = retimed(load_instance(args.instance), args)
     make_policy(args.policy)  # fail fast on a bad spec
     timing = timing_mode(inst, args.timing)
     metrics, doc = run_one(
@@ -229,7 +287,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    inst = load_instance(args.instance)
+    inst = retimed(load_instance(args.instance), args)
     specs = split_specs(args.policies)
     if not specs:
         raise CliError("--policies: no policy given")

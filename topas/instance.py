@@ -90,6 +90,31 @@ PrefixLoad = RecomputeLoad | HostLoad
 
 
 @dataclass(frozen=True)
+class ProfileRecord:
+    """Which server profile an instance was made for, with the numbers behind its swap rate.
+
+    An extension of ``topas-instance/1`` (``server.profile``, docs/formats.md): the
+    profile's name, ``mu`` (KV bytes per token) and ``B_swap`` (host link bytes per
+    second). With host prefix loads, ``prefix_load.tokens_per_s`` must equal
+    ``swap_bytes_per_s / kv_bytes_per_token``. The cost model, KV budget and chunk are
+    recorded where they always are.
+    """
+
+    name: str
+    kv_bytes_per_token: int
+    swap_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        _require_id(self.name, "server.profile.name")
+        _require_positive_int(self.kv_bytes_per_token, "server.profile.kv_bytes_per_token")
+        _require_positive_float(self.swap_bytes_per_s, "server.profile.swap_bytes_per_s")
+
+    @property
+    def swap_tokens_per_s(self) -> float:
+        return self.swap_bytes_per_s / self.kv_bytes_per_token
+
+
+@dataclass(frozen=True)
 class ServerSpec:
     """The serving engine: KV budget, batch limit, prefill chunk, cost model, prefix loads.
 
@@ -105,9 +130,18 @@ class ServerSpec:
     cost_model: CostModel | None = None
     prefix_load: PrefixLoad = field(default_factory=RecomputeLoad)
     mixed_chunk: bool = False
+    profile: ProfileRecord | None = None
 
     def __post_init__(self) -> None:
         _require_positive_int(self.kv_capacity_tokens, "server.kv_capacity_tokens")
+        if self.profile is not None and isinstance(self.prefix_load, HostLoad):
+            want = self.profile.swap_tokens_per_s
+            if not math.isclose(self.prefix_load.tokens_per_s, want, rel_tol=1e-9):
+                raise InstanceError(
+                    f"server.prefix_load.tokens_per_s: {self.prefix_load.tokens_per_s!r} "
+                    f"disagrees with server.profile ({want!r} = swap_bytes_per_s / "
+                    "kv_bytes_per_token)"
+                )
         _require_positive_int(self.chunk_tokens, "server.chunk_tokens")
         if self.max_running is not None:
             if not _is_int(self.max_running):
@@ -305,6 +339,8 @@ class Instance:
         server["prefix_load"] = _prefix_load_to_dict(self.server.prefix_load)
         if self.server.mixed_chunk:
             server["mixed_chunk"] = True
+        if self.server.profile is not None:
+            server["profile"] = _profile_to_dict(self.server.profile)
         return {
             "format": FORMAT,
             "name": self.name,
@@ -506,9 +542,32 @@ def _prefix_load_to_dict(p: PrefixLoad) -> dict[str, Any]:
     return {"kind": "recompute"}
 
 
+def _profile_from_dict(d: Any) -> ProfileRecord:
+    where = "server.profile"
+    if not isinstance(d, Mapping):
+        raise InstanceError(f"{where}: expected an object")
+    for n in ("name", "kv_bytes_per_token", "swap_bytes_per_s"):
+        if n not in d:
+            raise InstanceError(f"{where}.{n}: missing field")
+    return ProfileRecord(
+        name=d["name"],
+        kv_bytes_per_token=d["kv_bytes_per_token"],
+        swap_bytes_per_s=d["swap_bytes_per_s"],
+    )
+
+
+def _profile_to_dict(p: ProfileRecord) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "swap_bytes_per_s": p.swap_bytes_per_s,
+    }
+
+
 def _server_from_dict(d: Mapping[str, Any]) -> ServerSpec:
     cost = d.get("cost_model")
     load = d.get("prefix_load")
+    profile = d.get("profile")
     return ServerSpec(
         kv_capacity_tokens=_get(d, "kv_capacity_tokens", "server.kv_capacity_tokens", object),
         chunk_tokens=_get(d, "chunk_tokens", "server.chunk_tokens", object),
@@ -516,6 +575,7 @@ def _server_from_dict(d: Mapping[str, Any]) -> ServerSpec:
         cost_model=None if cost is None else _cost_model_from_dict(cost),
         prefix_load=RecomputeLoad() if load is None else _prefix_load_from_dict(load),
         mixed_chunk=d.get("mixed_chunk", False),
+        profile=None if profile is None else _profile_from_dict(profile),
     )
 
 

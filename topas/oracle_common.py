@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from topas.instance import Instance, StageRef
+from topas.instance import HostLoad, Instance, StageRef
 from topas.schedule import PrefixInterval, Schedule, StageRun, step_peak_kv
 from topas.timing import StepTiming
 
@@ -56,6 +56,7 @@ class StepProblem:
     prefix: dict[str, int]  # agent -> p_a
     load: dict[str, int]  # agent -> l_a
     task_stages: tuple[tuple[int, ...], ...]  # per task, its stage indices
+    host: bool = False  # host loads: one transfer at a time, [L, L + l_a) pairwise disjoint
 
     @classmethod
     def of(cls, instance: Instance) -> StepProblem:
@@ -101,6 +102,7 @@ class StepProblem:
             prefix={a.id: a.prefix_tokens for a in instance.agents},
             load=dict(st.load_steps),
             task_stages=tuple(task_stages),
+            host=isinstance(instance.server.prefix_load, HostLoad),
         )
 
     def earliest_start(self, v: int) -> int:
@@ -110,7 +112,8 @@ class StepProblem:
 
     def task_lower_bound(self, j: int) -> int:
         """A task's JCT is at least its critical path, plus the load of its first
-        stage's prefix when the task is released at step 0 (nothing is resident then)."""
+        stage's prefix when the task is released at step 0 (nothing is resident then).
+        It ignores the host channel, a further restriction, so it stays valid there."""
         ids = self.task_stages[j]
         cp = max(self.stages[v].tail for v in ids)
         if self.releases[j] == 0:
@@ -206,7 +209,9 @@ def to_schedule(problem: StepProblem, sol: OracleSolution) -> Schedule:
 
 def serial_solution(problem: StepProblem) -> OracleSolution:
     """One stage at a time in (release, topological) order, each with its own load: always
-    feasible since every stage fits with its prefix (validation)."""
+    feasible since every stage fits with its prefix (validation). Each load starts after
+    the previous stage ends, so at most one load is in flight at any step: the transfers
+    are disjoint, as the host channel requires."""
     t = 0
     starts: dict[int, int] = {}
     residency = []

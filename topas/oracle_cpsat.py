@@ -8,7 +8,8 @@ is built by its own function below, named as in ``docs/oracle_cpsat.md``:
 - prefix *residency slots*: per agent ``a`` up to ``K_a = |V_a|`` optional intervals
   ``[L_k, E_k)`` holding ``p_a``, resident from ``R_k = L_k + l_a``
   (:func:`_add_slots`), ordered in time with the present ones first
-  (:func:`_add_slot_order`);
+  (:func:`_add_slot_order`); in host mode one transfer at a time
+  (:func:`_add_host_channel`);
 - every stage in exactly one present slot of its agent that covers it
   (:func:`_add_assignment`);
 - KV capacity and ``max_running`` per step as cumulative constraints
@@ -216,7 +217,10 @@ def _add_slots(m: Model) -> None:
     for a, vs in m.agent_stages().items():
         la = p.load[a]
         dmin = min(p.stages[v].duration for v in vs)
-        lo_l = max(0, min(m.es[v] for v in vs) - la) if m.strengthen else 0
+        # canonically a load starts l_a before its slot's first use, so L >= min es - l_a;
+        # with the host channel a load may have to start earlier (the channel is busy
+        # later) and only L >= 0 holds
+        lo_l = max(0, min(m.es[v] for v in vs) - la) if m.strengthen and not p.host else 0
         hi_e = max(min(m.T, m.deadline[p.stages[v].task]) for v in vs)
         slots = []
         for k in range(len(vs)):
@@ -240,6 +244,23 @@ def _add_slot_order(m: Model) -> None:
         for a, b in zip(slots, slots[1:], strict=False):
             m.cp.add_implication(b.present, a.present)
             m.cp.add(b.load_start >= a.end).only_enforce_if(b.present)
+
+
+def _add_host_channel(m: Model) -> None:
+    """Host mode: one transfer at a time. ``NoOverlap`` of the optional transfer intervals
+    ``[L_k, L_k + l_a)`` (present with ``P_k``) of every agent's slots."""
+    p = m.problem
+    if not p.host:
+        return
+    transfers = []
+    for a, slots in m.slots.items():
+        for k, sl in enumerate(slots):
+            transfers.append(
+                m.cp.new_optional_fixed_size_interval_var(
+                    sl.load_start, p.load[a], sl.present, f"transfer[{a},{k}]"
+                )
+            )
+    m.cp.add_no_overlap(transfers)
 
 
 def _add_assignment(m: Model) -> None:
@@ -355,6 +376,7 @@ def build_model(problem: StepProblem, upper_bound: int, strengthen: bool = True)
     _add_completions(m)
     _add_slots(m)
     _add_slot_order(m)
+    _add_host_channel(m)
     _add_assignment(m)
     _add_capacity(m)
     _add_max_running(m)
@@ -370,7 +392,8 @@ def build_model(problem: StepProblem, upper_bound: int, strengthen: bool = True)
 def normalize(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
     """The same schedule in the model's canonical form: identical stages in index order,
     every residency interval shrunk to ``[min S - l_a, max E)`` of the stages it serves,
-    unused intervals dropped. Never worse: it only frees memory."""
+    unused intervals dropped. Never worse: it only frees memory. In host mode the load
+    start stays (a later transfer could collide with another); only the end shrinks."""
     starts = dict(sol.starts)
     for g in identical_groups(problem):
         for v, t in zip(g, sorted(starts[v] for v in g), strict=True):
@@ -388,7 +411,8 @@ def normalize(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
                 if s.agent == a and L + la <= starts[v] and starts[v] + s.duration <= E
             ]
             if served:
-                residency.append((a, min(b for b, _ in served) - la, max(e for _, e in served)))
+                start = L if problem.host else min(b for b, _ in served) - la
+                residency.append((a, start, max(e for _, e in served)))
     residency.sort(key=lambda r: (r[0], r[1]))
     return OracleSolution(starts=starts, residency=residency)
 
@@ -450,8 +474,12 @@ def _extract(m: Model, solver: cp_model.CpSolver) -> OracleSolution:
             ]
             if not served:  # cannot happen: a present slot holds a stage
                 continue
-            # shrink to the stages it serves (the solver may leave E_k or L_k loose)
-            L = min(starts[v] for v in served) - la
+            # shrink to the stages it serves (the solver may leave E_k or L_k loose); in
+            # host mode L_k stays: it is the transfer's slot on the channel
+            if p.host:
+                L = int(solver.value(sl.load_start))
+            else:
+                L = min(starts[v] for v in served) - la
             E = max(starts[v] + p.stages[v].duration for v in served)
             residency.append((a, L, E))
     residency.sort(key=lambda r: (r[0], r[1]))

@@ -106,14 +106,17 @@ def solve(
 
 def solution_from_schedule(problem: StepProblem, schedule: Schedule) -> OracleSolution:
     """A simulated step schedule as an oracle solution (final runs; KV from start only,
-    so it stays feasible in the oracle's model, which charges less than rule 9)."""
+    so it stays feasible in the oracle's model, which charges less than rule 9). A load's
+    start is its transfer's, ``resident_from - l_a`` (a host load queued behind another
+    was requested earlier and held its KV from the request)."""
     if schedule.timing != "step":
         raise ValueError("warm_start must be a step-model schedule")
     index = {s.ref: v for v, s in enumerate(problem.stages)}
     step = problem.step_s
     starts = {index[r.ref]: round(r.start / step) for r in schedule.completed().values()}
     residency = [
-        (p.agent, round(p.load_start / step), round(p.end / step)) for p in schedule.prefixes
+        (p.agent, round(p.resident_from / step) - problem.load[p.agent], round(p.end / step))
+        for p in schedule.prefixes
     ]
     return normalize(problem, OracleSolution(starts, residency))
 
@@ -184,6 +187,7 @@ def build_milp(problem: StepProblem, T: int, upper_bound: int | None = None) -> 
     _precedence(m)
     _completion(m)
     _prefix_lifecycle(m)
+    _host_channel(m)
     _prefix_resident_while_running(m)
     _kv_capacity(m)
     _max_running(m)
@@ -259,6 +263,19 @@ def _prefix_lifecycle(m: TimeIndexedModel) -> None:
             for k in range(la):  # held from its start L through L + l_a - 1 at least
                 if t + k < m.T:
                     m.lp += z[t] <= h[t + k], f"no_evict_loading_{a}_{t}_{k}"
+
+
+def _host_channel(m: TimeIndexedModel) -> None:
+    """Host mode: one transfer at a time. A load started at L transfers in steps
+    ``L .. L + l_a - 1``, so at every step t at most one ``z[a][t - k]``, ``k < l_a``, is set."""
+    p = m.problem
+    if not p.host:
+        return
+    for t in range(m.T):
+        m.lp += (
+            pulp.lpSum(m.z[a][t - k] for a in m.z for k in range(p.load[a]) if t - k >= 0) <= 1,
+            f"host_channel_{t}",
+        )
 
 
 def _prefix_resident_while_running(m: TimeIndexedModel) -> None:

@@ -173,13 +173,15 @@ class _Engine:
             ) from None
         for agent in decision.evict:
             self.close_prefix(agent, st.time)
-        # Loads start before the stages that wait for them (rule 7), in decision order.
+        # Loads start before the stages that wait for them (rule 7): first those that
+        # admitted stages need, in admission order, then the prefetches, in decision order
+        # (demand before prefetch, which matters on the serial host channel).
         new_loads = [
             a
             for a, p in st.prefixes.items()
             if p.status == PrefixStatus.LOADING and a not in before_loading
         ]
-        order = list(decision.load) + [st.agent_of(r) for r in decision.admit]
+        order = [st.agent_of(r) for r in decision.admit] + list(decision.load)
         for agent in sorted(new_loads, key=order.index):
             self.load_started[agent] = st.time
             self.on_load(agent)
@@ -282,7 +284,7 @@ class _Engine:
 
 
 class StepEngine(_Engine):
-    """The exact step model (DESIGN rules 1-12)."""
+    """The exact step model (DESIGN rules 1-12; in host mode one transfer at a time)."""
 
     timing = "step"
 
@@ -294,6 +296,10 @@ class StepEngine(_Engine):
         self.ends: list[tuple[int, int, StageRef]] = []  # (end step, seq, ref)
         self.end_of: dict[StageRef, int] = {}
         self.loads: dict[str, int] = {}  # agent -> step its load completes
+        # Host mode: one transfer at a time (a serial host channel, as CalibratedEngine's
+        # host_queue/host_busy). The step the channel frees; loads queue FIFO behind it.
+        self.host = isinstance(instance.server.prefix_load, HostLoad)
+        self.channel_free = 0
         self.seq = 0
 
     def kv_need(self, ref: StageRef, generated: int) -> int:
@@ -313,7 +319,19 @@ class StepEngine(_Engine):
         heapq.heappush(self.ends, (end, self.seq, ref))
 
     def on_load(self, agent: str) -> None:
-        self.loads[agent] = self.t + self.st_timing.load_steps[agent]  # rule 3
+        la = self.st_timing.load_steps[agent]
+        if not self.host:
+            self.loads[agent] = self.t + la  # rule 3
+            return
+        # Host mode (rule 5, extended): transfers run one at a time in request order. A
+        # queued load is LOADING and holds its KV from the request (as rule 9 holds a stage's
+        # KV from admission); its transfer starts when the channel frees. Transfers cannot be
+        # cancelled (a loading prefix is never evicted), so its end is known now. The
+        # Schedule records load_start = request and resident_from = transfer end, so the
+        # transfer is [resident_from - l_a, resident_from).
+        start = max(self.t, self.channel_free)
+        self.channel_free = start + la
+        self.loads[agent] = start + la
 
     def on_preempt(self, ref: StageRef) -> None:
         super().on_preempt(ref)  # rule 10: frees KV and slot, restarts from scratch later
@@ -363,6 +381,13 @@ class StepEngine(_Engine):
         self.close_all(self.t * step_s)
         self.schedule.peak_kv_tokens = step_peak_kv(self.schedule)
         return self.schedule
+
+    def close_all(self, end: float) -> None:
+        # A load still in flight when the last stage ends (e.g. a prefetch nobody used) is
+        # recorded with its true transfer, so verify_step sees it on the host channel.
+        for agent, done in self.loads.items():
+            self.resident_from[agent] = done * self.st_timing.step_s
+        super().close_all(end)
 
     def _to_step(self, seconds: float) -> int:
         return self.st_timing.release(seconds)

@@ -10,6 +10,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from topas.instance import HostLoad
 from topas.schedule import Schedule, ScheduleError
 from topas.timing import StepTiming
 
@@ -23,9 +24,15 @@ def verify_step(schedule: Schedule) -> None:
     ``[resident_from, end)``; every completed stage's ``[start, end)`` must lie in a
     residency interval of its agent; deps end before a stage starts; starts are at
     or after the release; durations match rule 2.
+
+    Host mode (the serial transfer channel, extending rule 5): a load's transfer is
+    ``[resident_from - l_a, resident_from)`` and the transfers of all agents are pairwise
+    disjoint. A load queued behind another holds its KV from its request, so there
+    ``resident_from - load_start >= l_a``; in recompute mode it is exactly ``l_a``.
     """
     inst = schedule.instance
     st = StepTiming.of(inst)
+    host = isinstance(inst.server.prefix_load, HostLoad)
 
     def step(x: float) -> int:
         k = x / st.step_s
@@ -35,13 +42,24 @@ def verify_step(schedule: Schedule) -> None:
 
     done = schedule.completed()
     residency: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    transfers: list[tuple[int, int, str]] = []  # (start, end, agent)
     for p in schedule.prefixes:
         ls, rs, e = step(p.load_start), step(p.resident_from), step(p.end)
-        if rs - ls != st.load_steps[p.agent]:
-            raise ScheduleError(
-                f"prefix {p.agent}: load lasts {rs - ls} steps, expected {st.load_steps[p.agent]}"
-            )
+        la = st.load_steps[p.agent]
+        if rs - ls != la and not (host and rs - ls > la):
+            raise ScheduleError(f"prefix {p.agent}: load lasts {rs - ls} steps, expected {la}")
+        if rs > e:
+            raise ScheduleError(f"prefix {p.agent}: ends at {e} before it is resident at {rs}")
         residency[p.agent].append((ls, rs, e))
+        transfers.append((rs - la, rs, p.agent))
+    if host:
+        transfers.sort()
+        for (_, e1, a1), (s2, _, a2) in zip(transfers, transfers[1:], strict=False):
+            if s2 < e1:
+                raise ScheduleError(
+                    f"host transfers of {a1} (ends at {e1}) and {a2} (starts at {s2}) "
+                    "overlap: one transfer at a time"
+                )
     horizon = 0
     for r in schedule.runs:
         horizon = max(horizon, step(r.end))

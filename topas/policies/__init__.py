@@ -15,7 +15,7 @@ from typing import Any
 
 from topas.heuristic import TOPAS
 from topas.policies.base import Policy, PolicyContext, admit_in_order
-from topas.policies.baselines import ATLAS, CPF, FCFS, LPM, KVFlow
+from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
 from topas.policies.replay import Replay
 
 REGISTRY: dict[str, type[Policy]] = {
@@ -24,11 +24,14 @@ REGISTRY: dict[str, type[Policy]] = {
     "cpf": CPF,
     "atlas": ATLAS,
     "kvflow": KVFlow,
+    "spf": SPF,
+    "parrot-fcfs": ParrotFCFS,
+    "las": LAS,
     "replay": Replay,  # replays a recorded schedule: replay:file=RESULT.json
     "topas": TOPAS,
 }
 
-BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow")
+BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow", "spf", "parrot-fcfs", "las")
 
 __all__ = [
     "BASELINES",

@@ -10,11 +10,19 @@ Sources:
 - ``atlas``: Autellix (Luo et al., 2025), Adaptive Thread-Level Attained Service.
 - ``kvflow``: KVFlow (Pan et al., 2025), workflow-aware eviction by steps-to-execution,
   with prefetch of the agents due next.
+- ``spf``: shortest (remaining predicted) processing first at the task level, i.e.
+  task-level SRPT (Schrage, 1968), the "SPF" baseline of the TOPAS paper.
+- ``parrot-fcfs``: Parrot (Lin et al., OSDI 2024, "Parrot: Efficient Serving of
+  LLM-based Applications with Semantic Variable"), application-level FCFS.
+- ``las``: Autellix (Luo et al., 2025, "Autellix: An Efficient Serving Engine for LLM
+  Agents as General Programs"), PLAS: program-level least attained service.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from topas.instance import StageRef
@@ -257,3 +265,165 @@ def task_distances(state: State, tid: str) -> dict[str, int]:
         if d < best.get(s.agent, 1 << 30):
             best[s.agent] = d
     return best
+
+
+# --------------------------------------------------------------------------- task-level orders
+
+
+class TaskValues:
+    """A per-task value, recomputed only when one of the task's stages changed phase.
+
+    Cached by ``State.task_epoch`` (a stamp unique across states), so it is right for
+    any state it is given, hypothetical copies included.
+    """
+
+    def __init__(self, compute: Callable[[State, str], float]) -> None:
+        self.compute = compute
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    def get(self, state: State, tid: str) -> float:
+        epoch = state.task_epoch[tid]
+        got = self._seen.get(tid)
+        if got is not None and got[0] == epoch:
+            return got[1]
+        value = self.compute(state, tid)
+        self._seen[tid] = (epoch, value)
+        return value
+
+    def prune(self, state: State) -> None:
+        if len(self._seen) > 4 * max(16, len(state.tasks)):
+            self._seen = {t: v for t, v in self._seen.items() if t in state.tasks}
+
+
+def _by_task_value(state: State, value: Callable[[str], float]) -> Iterator[StageRef]:
+    """Waiting stages by (their task's ``value``, ``fcfs_key``), produced lazily.
+
+    The keys are computed afresh for every decision (values are per task, cached by
+    the caller); a heap is popped only as far as admission goes.
+    """
+    tasks = state.tasks
+    heap = [
+        (value(tid), ready, tasks[tid].release, tid, sid)
+        for (tid, sid), ready in state.waiting.items()
+    ]
+    heapq.heapify(heap)
+    while heap:
+        entry = heapq.heappop(heap)
+        yield (entry[3], entry[4])
+
+
+@dataclass
+class SPF(Policy):
+    """Shortest (remaining predicted) processing first, per task: task-level SRPT.
+
+    A waiting stage's key is its task's remaining predicted work: the sum of
+    ``timing.predicted_service_s`` over the task's stages that are not done
+    (blocked, waiting, admitted and running ones). An admitted or running stage that
+    has decoded ``g > 0`` tokens (``RunInfo.generated``, which the calibrated engine
+    keeps up to date; the step engine does not) counts only its ``predicted - g``
+    remaining decode tokens, its prefill being over. Smallest first, then FCFS. On a
+    chain this is SRPT.
+    """
+
+    name = "spf"
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self._services: dict[str, dict[str, float]] = {}
+        self._left = TaskValues(self._not_done)
+
+    def decide(self, state: State) -> Decision:
+        self._left.prune(state)
+        if len(self._services) > 4 * max(16, len(state.tasks)):
+            self._services = {t: v for t, v in self._services.items() if t in state.tasks}
+        ctx = self.ctx
+        adjust: dict[str, float] = {}
+        for ref, run in state.running.items():
+            if run.generated > 0:
+                s = state.stage(ref)
+                left = predicted_service_s(
+                    ctx.server, ctx.timing, 0, max(s.predicted_output - run.generated, 0)
+                )
+                tid = ref[0]
+                full = self._service(state, tid)[ref[1]]
+                adjust[tid] = adjust.get(tid, 0.0) + left - full
+
+        def remaining(tid: str) -> float:
+            return self._left.get(state, tid) + adjust.get(tid, 0.0)
+
+        order = _by_task_value(state, remaining)
+        return admit_in_order(state, order, self.eviction_order(state)).decision()
+
+    def _service(self, state: State, tid: str) -> dict[str, float]:
+        """The predicted service of each stage of ``tid`` (fixed for the task)."""
+        got = self._services.get(tid)
+        if got is None:
+            ctx = self.ctx
+            got = self._services[tid] = {
+                sid: predicted_service_s(ctx.server, ctx.timing, s.input_tokens, s.predicted_output)
+                for sid, s in state.tasks[tid].stages.items()
+            }
+        return got
+
+    def _not_done(self, state: State, tid: str) -> float:
+        service = self._service(state, tid)
+        phase = state.phase
+        return sum(
+            service[sid] for sid in state.tasks[tid].topo_order if phase[(tid, sid)] != Phase.DONE
+        )
+
+
+def parrot_key(state: State, ref: StageRef) -> tuple[float, float, str, str]:
+    """Application-level FCFS: task release, then when the stage became ready, then ids."""
+    return (state.tasks[ref[0]].release, state.waiting[ref], ref[0], ref[1])
+
+
+@dataclass
+class ParrotFCFS(Policy):
+    """Parrot's application-level FCFS: every request of an earlier task goes first.
+
+    Parrot (Lin et al., OSDI 2024) schedules the requests of an application by the
+    application's arrival; within a task the stage that became ready first goes
+    first. LRU prefix eviction on demand.
+    """
+
+    name = "parrot-fcfs"
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self._queue = WaitingQueue(parrot_key)
+
+    def decide(self, state: State) -> Decision:
+        return self._queue.admit(state, self.eviction_order(state)).decision()
+
+
+@dataclass
+class LAS(Policy):
+    """Autellix's PLAS: program-level least attained service first.
+
+    A waiting stage's key is the total service its task has attained: the sum of
+    ``State.done_service`` (seconds run, start to end) over the task's finished
+    stages; running stages do not count until they finish, so the order depends on
+    the discrete state only. Least first, then FCFS. Unlike ``atlas`` (the largest
+    attained service along the critical path) this is the sum over the whole task.
+    Autellix discretises attained service into multi-level queues with
+    anti-starvation promotion; this implements the continuous order without those
+    (documented simplification).
+    """
+
+    name = "las"
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self._attained = TaskValues(_attained_service)
+
+    def decide(self, state: State) -> Decision:
+        self._attained.prune(state)
+        order = _by_task_value(state, lambda tid: self._attained.get(state, tid))
+        return admit_in_order(state, order, self.eviction_order(state)).decision()
+
+
+def _attained_service(state: State, tid: str) -> float:
+    """Seconds run by the finished stages of ``tid`` (summed in topological order)."""
+    done = state.done_service
+    return sum(done.get((tid, sid), 0.0) for sid in state.tasks[tid].topo_order)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from topas.instance import Agent, Instance, ServerSpec, Stage, StepCost, Task
+from topas.profiles import DEFAULT_PROFILE, ServerProfile, check_movement, get_profile
 from topas.workloads._common import (
     DEFAULT_PREFIX_SHARE,
     DecodeRegime,
@@ -30,6 +31,7 @@ from topas.workloads._common import (
 )
 from topas.workloads.arrivals import DEFAULT_LOAD, poisson_arrivals, rate_for_load
 from topas.workloads.metagpt import METAGPT_SOP, METAGPT_TL, expected_sop_tokens
+from topas.workloads.paper import PAPER_WORKLOADS
 from topas.workloads.synthetic import CHAIN, FANOUT, MIXED
 
 __all__ = [
@@ -55,7 +57,7 @@ __all__ = [
 ]
 
 WORKLOADS: dict[str, Workload] = {
-    w.name: w for w in (CHAIN, FANOUT, MIXED, METAGPT_SOP, METAGPT_TL)
+    w.name: w for w in (CHAIN, FANOUT, MIXED, METAGPT_SOP, METAGPT_TL, *PAPER_WORKLOADS)
 }
 
 COMMON_PARAMS: dict[str, Any] = {"prefix_share": DEFAULT_PREFIX_SHARE}
@@ -228,6 +230,42 @@ def _tight_kv(
     return max(need, sum(prefix.values()) + math.ceil(free_stages * mean_kv))
 
 
+# --------------------------------------------------------------------------- profile
+
+
+@dataclass(frozen=True)
+class ServerChoice:
+    """The server profile, prefix movement and swap bandwidth asked for (None: defaults)."""
+
+    profile: str | None = None
+    movement: str | None = None
+    swap_bytes_per_s: float | None = None
+
+    def resolve(self, family_profile: str | None) -> ServerProfile:
+        """The profile to use, with the swap bandwidth override applied."""
+        prof = get_profile(self.profile or family_profile or DEFAULT_PROFILE)
+        if self.movement is not None:
+            check_movement(self.movement)
+        if self.swap_bytes_per_s is not None:
+            _check_positive("swap_bytes_per_s", self.swap_bytes_per_s)
+            prof = replace(prof, host=replace(prof.host, bytes_per_s=float(self.swap_bytes_per_s)))
+        return prof
+
+    def apply(
+        self, server: ServerSpec, family_profile: str | None, budget_given: bool
+    ) -> ServerSpec:
+        """``server`` (a family's default) re-timed for the profile and movement asked for.
+
+        The profile's KV budget, where it has one, replaces the family's prefix-share
+        rule unless the caller sized the budget itself (``budget_given``).
+        """
+        prof = self.resolve(family_profile)
+        server = prof.retime(server, self.movement or prof.movement)
+        if prof.kv_capacity_tokens is not None and not budget_given:
+            server = replace(server, kv_capacity_tokens=prof.kv_capacity_tokens)
+        return server
+
+
 # --------------------------------------------------------------------------- generate
 
 
@@ -252,6 +290,9 @@ def generate(
     prediction_sigma: float = 0.0,
     token_scale: float = 1.0,
     timing: str = "calibrated",
+    profile: str | None = None,
+    movement: str | None = None,
+    swap_bytes_per_s: float | None = None,
     **params: Any,
 ) -> Instance:
     """Draw an instance of workload family ``name``.
@@ -266,6 +307,13 @@ def generate(
     rounding up; ``timing="step"`` uses the step model (integer arrivals). ``params`` are
     the family's own (see :func:`describe`). One seed drives everything, through three
     independent streams: structure, arrivals, predictions.
+
+    ``profile`` names the server profile (``topas.profiles``; default: the family's, else
+    the project's): its cost model, prefill chunk and, where it has one, its KV budget
+    (which an explicit ``kv_capacity_tokens`` or ``prefix_share`` overrides).
+    ``movement`` is ``"recompute"`` or ``"swap"`` (default: the profile's); a swap copies
+    a prefix over the profile's host link, ``swap_bytes_per_s`` overriding its bandwidth.
+    The instance records the profile (``server.profile``).
     """
     return _generate(
         name,
@@ -281,6 +329,7 @@ def generate(
         timing=timing,
         free_stages=None,
         params=params,
+        server_choice=ServerChoice(profile, movement, swap_bytes_per_s),
     )
 
 
@@ -300,6 +349,7 @@ def _generate(
     free_stages: float | None,
     params: Mapping[str, Any],
     scaled_kv: int | None = None,
+    server_choice: ServerChoice | None = None,
 ) -> Instance:
     """:func:`generate`; with ``free_stages`` (small instances), the default KV budget
     after scaling is the sum of prefixes plus room for ``free_stages`` average stages;
@@ -333,6 +383,10 @@ def _generate(
     draft = wl.build(structure_rng, num_tasks, p)
 
     server = wl.default_server(draft.agents, share)
+    choice = server_choice or ServerChoice()
+    server = choice.apply(
+        server, wl.profile, budget_given="prefix_share" in params or scaled_kv is not None
+    )
     if kv_capacity_tokens is not None:
         server = replace(server, kv_capacity_tokens=kv_capacity_tokens)
     if chunk_tokens is not None:

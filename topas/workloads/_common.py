@@ -50,6 +50,10 @@ INPUT_CAP = 4096
 OUTPUT_CAP = 2048
 """Chosen: no single call generates more than 2048 tokens (a common ``max_tokens``)."""
 
+MIN_ROOM_SHARE = 0.25
+"""Chosen: the load factor assumes at least a quarter of the KV budget is left to requests,
+even when keeping every prefix would leave less (see :func:`decode_regime`)."""
+
 DEFAULT_TOKEN_SIGMA = 0.5
 """Chosen: per-call lognormal spread of token counts (median/mean ratio exp(-sigma^2/2))."""
 
@@ -94,6 +98,7 @@ class Workload:
     build: Builder
     server: ServerDefaults = ServerDefaults()
     small_params: Mapping[str, Any] = field(default_factory=dict)
+    profile: str | None = None  # the server profile it defaults to (None: the project's)
 
     def default_server(
         self, agents: Sequence[Agent], prefix_share: float | None = None
@@ -204,11 +209,15 @@ def decode_regime(
 
     ``b`` is the number of average stages whose KV (input + output, as admission
     reserves it) fits beside every agent's prefix kept resident: the best-locality
-    regime, so load 1 is about where a server that keeps all prefixes saturates.
+    regime, so load 1 is about where a server that keeps all prefixes saturates. When
+    the prefixes leave less than :data:`MIN_ROOM_SHARE` of the budget (or do not fit at
+    all, as MetaGPT-TL's measured prompts on the paper's profile), that share is taken
+    as the room: a server must then drain prompts, and keeps at least that much free.
     """
     n = len(stages)
     mean_seq = sum(s.input_tokens + s.output_tokens for s in stages) / n
-    room = server.kv_capacity_tokens - sum(a.prefix_tokens for a in agents_by_id.values())
+    cap = server.kv_capacity_tokens
+    room = max(cap - sum(a.prefix_tokens for a in agents_by_id.values()), MIN_ROOM_SHARE * cap)
     b = max(1, math.floor(room / mean_seq))
     if server.max_running is not None:
         b = min(b, server.max_running)
