@@ -356,8 +356,8 @@ def summarize(
         "",
         f"Profile `{cfg['profile']}` (docs/profiles.md), calibrated timing, prefixes moved by "
         f"swap unless the map says otherwise; {cfg['tasks']} tasks per instance; reporting "
-        f"seeds {ex.fmt_list(cfg['seeds'])} (defaults were tuned on seeds >= "
-        f"{ex.TUNING_SEED_MIN}); baselines: {', '.join(cfg['baselines'])}. "
+        f"seeds {ex.fmt_list(cfg['seeds'])} (no default was chosen on them: tuning seeds are "
+        f"{ex.SEED_SPLIT['tuning']}); baselines: {', '.join(cfg['baselines'])}. "
         f"{ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
         "Cut = -(TOPAS / best baseline - 1) in %, mean over paired seeds ± the 95% CI "
@@ -424,7 +424,7 @@ def plot_regime_map(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) -
     }
     lim = max(5.0, max(float(np.nanmax(np.abs(v))) for v in values.values()))
     fig = Figure(
-        figsize=(3.0 + 1.6 * len(loads) * len(MOVEMENTS), 1.6 + 0.7 * len(ratios)),
+        figsize=(2.0 + 0.9 * len(loads) * len(MOVEMENTS), 1.6 + 0.6 * len(ratios)),
         layout="constrained",
     )
     axes = fig.subplots(1, len(MOVEMENTS), squeeze=False)[0]
