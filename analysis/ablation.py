@@ -12,7 +12,7 @@ seed, so every policy is told the same lengths); change against the same policy 
 sigma 0, paired over seeds. Sigma 0 is always included.
 
     python analysis/ablation.py [--workloads chain,fanout,mixed,metagpt-sop,metagpt-tl]
-        [--load 1.2] [--seeds 5 | --seeds 0,3,7] [--tasks 200] [--sigmas 0,0.25,0.5,1.0]
+        [--load 1.2] [--seeds 5 | --seeds 20,23,27] [--tasks 200] [--sigmas 0,0.25,0.5,1.0]
         [--sweep-policies topas,lpm,kvflow] [--jobs N] [--kv-scale 1.0]
         [--out results/ablation] [--no-progress]
 
@@ -42,7 +42,9 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--workloads", default=",".join(ex.STUDY_WORKLOADS), help="comma-separated")
     ex.add_profile_option(ap)
     ap.add_argument("--load", default="1.2", help="load factor (default: high load)")
-    ap.add_argument("--seeds", default="5", help="N (seeds 0..N-1) or a comma list")
+    ap.add_argument(
+        "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
+    )
     ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--sigmas", default="0,0.25,0.5,1.0", help="prediction-error sigmas")
     ap.add_argument("--sweep-policies", default="topas,lpm,kvflow", help="policy specs")

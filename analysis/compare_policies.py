@@ -8,12 +8,13 @@ baseline there, the one with the lowest mean over seeds; the change is the mean 
 seeds of TOPAS / best - 1 with a 95% CI (Student t, n-1 df).
 
     python analysis/compare_policies.py [--workloads chain,fanout,mixed,metagpt-sop,metagpt-tl]
-        [--loads 0.5,0.8,1.0,1.2] [--seeds 5 | --seeds 0,3,7] [--tasks 200]
+        [--loads 0.5,0.8,1.0,1.2] [--seeds 5 | --seeds 20,23,27] [--tasks 200]
         [--policies fcfs,lpm,cpf,atlas,kvflow,topas] [--jobs N] [--kv-scale 1.0]
         [--out results/compare] [--no-progress]
 
-``--seeds N`` means seeds 0..N-1; ``--kv-scale`` multiplies each instance's default KV
-budget. Policies other than ``topas`` and its variants (``topas:...``) count as
+``--seeds N`` means the first N reporting seeds (20, 21, ...); ``--kv-scale`` multiplies
+each instance's default KV budget. Policies other than ``topas`` and its variants
+(``topas:...``, ``topas-search``) count as
 baselines. Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png} (each file
 atomically, after every run has finished) and prints summary.md. Bad input: one
 ``error: ...`` line on stderr, exit status 2, nothing created.
@@ -39,7 +40,9 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--workloads", default=",".join(ex.STUDY_WORKLOADS), help="comma-separated")
     ex.add_profile_option(ap)
     ap.add_argument("--loads", default=DEFAULT_LOADS, help="load factors, comma-separated")
-    ap.add_argument("--seeds", default="5", help="N (seeds 0..N-1) or a comma list")
+    ap.add_argument(
+        "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
+    )
     ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--policies", default=ex.default_policies(), help="policy specs")
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
@@ -63,7 +66,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
         "profile": ex.parse_profile(args.profile),
     }
     cfg["proposed"] = PROPOSED if PROPOSED in cfg["policies"] else None
-    cfg["baselines"] = [p for p in cfg["policies"] if p.partition(":")[0] != PROPOSED]
+    cfg["baselines"] = [p for p in cfg["policies"] if not ex.is_topas(p)]
     ex.check_instances(
         cfg["workloads"], cfg["seeds"], cfg["loads"][0], cfg["tasks"], cfg["kv_scale"]
     )

@@ -605,6 +605,12 @@ def check_instances(
                 raise CliError(f"--kv-scale {kv_scale:g}: {w} seed {s}: {e}") from None
 
 
+def is_topas(spec: str) -> bool:
+    """A TOPAS variant (``topas``, ``topas-search``, ``topas:reuse=0``, ...), never a
+    baseline: "best baseline" is the best of the others."""
+    return spec.partition(":")[0].startswith("topas")
+
+
 def default_policies() -> str:
     return ",".join([*BASELINES, "topas"])
 

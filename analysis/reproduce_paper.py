@@ -39,7 +39,8 @@ from topas.workloads import generate  # noqa: E402
 
 PROFILE = "qwen2.5-32b/a100-80gb"
 PROPOSED = "topas"
-TOPAS_BASE = "topas:reuse=0,aging=0"
+BASE_SWITCHES = "reuse=0,aging=0"
+"""TOPAS-base, as in the paper's ablation: the proposed policy without reuse and aging."""
 METRICS = (("mean_jct", "mean JCT"), ("p99_jct", "p99 JCT"))
 WORKLOADS = ("chain-3", "dag-4", "dag-10-wide", "metagpt-sop-paper", "metagpt-tl-paper")
 ABLATION_WORKLOAD = "metagpt-tl-paper"
@@ -72,7 +73,11 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
     ap.add_argument("--profile", default=PROFILE, help=f"server profile (default {PROFILE})")
     ap.add_argument("--loads", default=None, help=f"load factors (default {DEFAULTS['loads']})")
-    ap.add_argument("--seeds", default=None, help="N (seeds 0..N-1) or a comma list (default 10)")
+    ap.add_argument(
+        "--seeds",
+        default=None,
+        help="N (the first N reporting seeds, 20 onwards) or a comma list (default 10)",
+    )
     ap.add_argument(
         "--tasks", default=None, help=f"tasks per instance (default {DEFAULTS['tasks']})"
     )
@@ -83,7 +88,10 @@ def build_parser() -> ex.Parser:
     )
     ap.add_argument("--map-seeds", default=None, help="regime map seeds (default 5)")
     ap.add_argument(
-        "--policies", default=None, help="baselines and topas (default: all registered)"
+        "--policies", default=None, help="baselines and TOPAS (default: every baseline, --proposed)"
+    )
+    ap.add_argument(
+        "--proposed", default=PROPOSED, help="the TOPAS variant compared (default topas)"
     )
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--out", default="results/paper", help="output folder")
@@ -99,9 +107,13 @@ def config_from_args(args: Any) -> dict[str, Any]:
         value = getattr(args, name)
         return base.get(name, default) if value is None else value
 
-    policies = ex.parse_policies(args.policies or ex.default_policies(), "--policies")
-    if PROPOSED not in policies:
-        raise ex.CliError(f"--policies: must include {PROPOSED!r}")
+    proposed = args.proposed
+    if not ex.is_topas(proposed):
+        raise ex.CliError(f"--proposed: {proposed!r} is not a TOPAS variant")
+    default = ",".join([*ex.BASELINES, proposed])
+    policies = ex.parse_policies(args.policies or default, "--policies")
+    if proposed not in policies:
+        raise ex.CliError(f"--policies: must include {proposed!r}")
     cfg: dict[str, Any] = {
         "quick": bool(args.quick),
         "profile": ex.parse_profile(args.profile),
@@ -114,7 +126,9 @@ def config_from_args(args: Any) -> dict[str, Any]:
             ex.parse_seeds(pick("map_seeds", DEFAULTS["map_seeds"]))
         ),
         "policies": policies,
-        "baselines": [p for p in policies if p.partition(":")[0] != PROPOSED],
+        "baselines": [p for p in policies if not ex.is_topas(p)],
+        "proposed": proposed,
+        "topas_base": f"{proposed.partition(':')[0]}:{BASE_SWITCHES}",
         "jobs": ex.parse_jobs(args.jobs),
         "out": str(ex.check_out(args.out)),
     }
@@ -172,7 +186,7 @@ def ablation_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
         }
         for load in cfg["loads"]
         for s in cfg["seeds"]
-        for p in (PROPOSED, TOPAS_BASE)
+        for p in (cfg["proposed"], cfg["topas_base"])
     ]
 
 
@@ -218,11 +232,11 @@ def cut_point(
     """TOPAS's cut against ``against`` (default: the best baseline for ``metric``) among
     the rows of one point: ``cut`` = -(TOPAS / other - 1) in %, with its CI half-width."""
     other = against or ex.best_baseline(rows, cfg["baselines"], metric)
-    change, half = ex.paired_change(rows, {"policy": PROPOSED}, {"policy": other}, metric)
+    change, half = ex.paired_change(rows, {"policy": cfg["proposed"]}, {"policy": other}, metric)
     return {
         "other": other,
         "other_value": ex.mean_of(ex.select(rows, policy=other), metric),
-        "value": ex.mean_of(ex.select(rows, policy=PROPOSED), metric),
+        "value": ex.mean_of(ex.select(rows, policy=cfg["proposed"]), metric),
         "cut": -change,
         "half": half,
     }
@@ -308,7 +322,8 @@ def ablation_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) ->
     for load in cfg["loads"]:
         point = ex.select(main, workload=ABLATION_WORKLOAD, load=load)
         body.append(
-            [f"{load:g}"] + [fmt_cut(cut_point(point, cfg, m, TOPAS_BASE)) for m, _ in METRICS]
+            [f"{load:g}"]
+            + [fmt_cut(cut_point(point, cfg, m, cfg["topas_base"])) for m, _ in METRICS]
         )
     return ex.md_table(header, body)
 
@@ -357,7 +372,8 @@ def summarize(
         f"Profile `{cfg['profile']}` (docs/profiles.md), calibrated timing, prefixes moved by "
         f"swap unless the map says otherwise; {cfg['tasks']} tasks per instance; reporting "
         f"seeds {ex.fmt_list(cfg['seeds'])} (no default was chosen on them: tuning seeds are "
-        f"{ex.SEED_SPLIT['tuning']}); baselines: {', '.join(cfg['baselines'])}. "
+        f"{ex.SEED_SPLIT['tuning']}); TOPAS is `{cfg['proposed']}`; baselines: "
+        f"{', '.join(cfg['baselines'])}. "
         f"{ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
         "Cut = -(TOPAS / best baseline - 1) in %, mean over paired seeds ± the 95% CI "
@@ -376,7 +392,7 @@ def summarize(
     if ABLATION_WORKLOAD in cfg["workloads"]:
         lines += [
             "",
-            f"## Ablation on {ABLATION_WORKLOAD}: TOPAS against TOPAS-base (`{TOPAS_BASE}`)",
+            f"## Ablation on {ABLATION_WORKLOAD}: TOPAS against TOPAS-base (`{cfg['topas_base']}`)",
             "",
             ablation_table(rows, cfg),
         ]

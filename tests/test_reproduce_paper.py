@@ -56,7 +56,7 @@ def test_quick_version_runs_every_part_within_a_minute(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     policies = {r["policy"] for r in rows}
     # every registered baseline, the paper's three included, and both TOPAS variants
-    for name in ("fcfs", "lpm", "spf", "parrot-fcfs", "las", "topas", rp.TOPAS_BASE):
+    for name in ("fcfs", "lpm", "spf", "parrot-fcfs", "las", "topas", "topas:reuse=0,aging=0"):
         assert name in policies
     assert {r["workload"] for r in rows} == set(rp.WORKLOADS)
     assert {r["movement"] for r in rows} == {"", "swap", "recompute"}
@@ -84,7 +84,7 @@ def test_cut_against_the_best_baseline_by_hand() -> None:
     # lpm means 100 (p99 200), fcfs means 110 (p99 150): the best baseline is lpm for the
     # mean and fcfs for the p99. TOPAS: 80 and 90 on the two seeds -> mean-JCT ratios to
     # lpm 0.8 and 0.9 -> cut +15%; p99 120 both seeds vs fcfs 150 -> cut +20%, CI 0.
-    cfg = {"baselines": ["fcfs", "lpm"]}
+    cfg = {"baselines": ["fcfs", "lpm"], "proposed": "topas"}
     rows = [
         _row("lpm", 0, 100, 200),
         _row("lpm", 1, 100, 200),
@@ -111,6 +111,7 @@ def test_cut_against_the_best_baseline_by_hand() -> None:
         (("--profile", "nope"), "unknown profile 'nope'"),
         (("--workloads", "nope"), "unknown workload 'nope'"),
         (("--policies", "lpm"), "must include 'topas'"),
+        (("--proposed", "lpm"), "not a TOPAS variant"),
         (("--ratios", "0.5,1.2"), "--ratios"),
     ],
 )

@@ -17,6 +17,7 @@ from topas.heuristic import TOPAS
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
 from topas.policies.replay import Replay
+from topas.search import TOPASSearch
 
 REGISTRY: dict[str, type[Policy]] = {
     "fcfs": FCFS,
@@ -29,6 +30,7 @@ REGISTRY: dict[str, type[Policy]] = {
     "las": LAS,
     "replay": Replay,  # replays a recorded schedule: replay:file=RESULT.json
     "topas": TOPAS,
+    "topas-search": TOPASSearch,  # issue 11 in progress: the paper's search over prefix sets
 }
 
 BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow", "spf", "parrot-fcfs", "las")

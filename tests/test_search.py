@@ -1,0 +1,233 @@
+"""The search over post-decision states (topas/search.py, registered as ``topas-search``):
+hand-built states with known answers, the enumeration against brute force, its service
+model, determinism across processes, and the model's invariants under hypothesis."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import make, random_instances, stage, task
+from hypothesis import given, settings
+from test_policies import make_resident, ready, released
+
+from topas.policies import make_policy
+from topas.schedule import evaluate
+from topas.search import QUANTILES, ServiceModel, TOPASSearch, longest_path, role_of
+from topas.simulator import simulate
+from topas.state import Decision, apply_inplace
+from topas.verify import verify_step
+
+SLOW_LINK = {"kind": "host", "tokens_per_s": 10.0}  # a 4000-token prompt: 400 s to move
+FAST_LINK = {"kind": "host", "tokens_per_s": 1e6}  # a 4000-token prompt: 4 ms
+
+
+def two_agents(load: dict) -> tuple:
+    """Capacity 10,000; agents A and B with 4,000-token prompts, both resident and idle.
+    Six one-stage tasks of A and one of B wait, each stage 500 + 500 = 1,000 tokens of KV.
+
+    Keeping both prompts leaves 2,000 tokens: two stages run. Dropping B leaves 6,000: all
+    six of A's run. Each admitted stage is worth D (its task's whole remaining path starts
+    now rather than D later; g = 1 at age 0), so draining B gains four stages, 4 D, and
+    costs c(B) for B's one waiting task, which must wait for B to come back."""
+    tasks = [task(f"a{i}", 0, stage("s", "A", 500, 500)) for i in range(6)]
+    tasks.append(task("b0", 0, stage("s", "B", 500, 500)))
+    inst = make({"A": 4000, "B": 4000}, tasks, capacity=10_000, load=load)
+    state = released(inst)
+    make_resident(state, "A", "B")
+    return inst, state
+
+
+def test_drains_a_prompt_when_the_batch_gains_more_than_the_move_costs():
+    # Step model, chunk 10: each stage lasts 50 + 500 = 550 steps, so D = 550 s. With a
+    # fast link c(B) = 0.004 s << 4 D: TOPAS evicts B and admits the six stages of A,
+    # and reports B's stage as held (its agent is outside R').
+    inst, state = two_agents(FAST_LINK)
+    policy = ready("topas-search", inst)
+    d = policy.decide(state)
+    assert d.evict == ("B",)
+    assert sorted(d.admit) == [(f"a{i}", "s") for i in range(6)]
+    assert d.held == (("b0", "s"),)
+    assert policy._kept == ("A",)
+
+
+def test_does_not_move_a_prompt_when_the_swap_costs_more_than_it_saves():
+    # The same state over a slow link: c(B) = 400 s per waiting task of B. The gain of
+    # draining B is 4 D = 2,200 s against 400 s... so make the link slower still: at
+    # 1 token/s c(B) = 4,000 s > 4 D and TOPAS keeps both prompts and runs two stages.
+    inst, state = two_agents({"kind": "host", "tokens_per_s": 1.0})
+    d = ready("topas-search", inst).decide(state)
+    assert d.evict == () and len(d.admit) == 2 and d.held == ()
+
+
+def test_move_switch_and_search_all_never_drain():
+    # With the move term off draining is free; with search=all nothing is chosen: every
+    # active agent that fits is kept, so B stays and only two stages run.
+    inst, state = two_agents({"kind": "host", "tokens_per_s": 1.0})
+    assert ready("topas-search:move=0", inst).decide(state).evict == ("B",)
+    d = ready("topas-search:search=all", inst).decide(state)
+    assert d.evict == () and len(d.admit) == 2
+
+
+def test_reuse_term_keeps_a_prompt_with_next_hop_stages():
+    # Capacity 10,000, A and B resident and idle; A's two waiting stages fit either way
+    # (1,000 each), B has no waiting stage but a running stage r of agent A in task t
+    # whose child x needs B: n_B = 1 (x's only unfinished predecessor runs). Dropping B
+    # frees nothing anyone needs now, so only V_reuse = n_B * c(B) tells the two apart:
+    # with reuse on keeping B scores c(B) more; with reuse=0 they tie (and the tie goes to
+    # fewer changes, so B stays either way).
+    inst = make(
+        {"A": 4000, "B": 4000},
+        [
+            task("t", 0, stage("r", "A", 100, 100), stage("x", "B", 100, 100, ["r"])),
+            task("u", 0, stage("s", "A", 500, 500)),
+        ],
+        capacity=10_000,
+        load=FAST_LINK,
+    )
+    state = released(inst)
+    make_resident(state, "A", "B")
+    apply_inplace(state, Decision(admit=(("t", "r"),)))
+    policy = ready("topas-search", inst)
+    d = policy.decide(state)
+    assert d.evict == () and d.admit == (("u", "s"),)
+    rnd = policy._round(state)
+    keep = policy._pack(state, rnd, ("A", "B"))
+    drop = policy._pack(state, rnd, ("A",))
+    assert rnd.next_hop == {"B": 1}
+    # c(B) in the step model: max(1, ceil(4000 / 1e6)) = 1 step of 1 s, counted once
+    assert keep.score - drop.score == pytest.approx(1.0)
+    off = ready("topas-search:reuse=0", inst)
+    rnd0 = off._round(state)
+    assert off._pack(state, rnd0, ("A", "B")).score == pytest.approx(
+        off._pack(state, rnd0, ("A",)).score
+    )
+
+
+def test_enumeration_is_the_best_of_every_subset():
+    # Three agents, a tight budget: the decision's score equals the best score over all
+    # eight subsets of the active pool, evaluated one by one (brute force).
+    tasks = [task(f"{a}{i}", i, stage("s", a, 300, 300)) for a in "ABC" for i in range(3)]
+    inst = make({"A": 2000, "B": 1500, "C": 1000}, tasks, capacity=7000, load=FAST_LINK)
+    state = released(inst)
+    make_resident(state, "A", "B", "C")
+    policy = ready("topas-search", inst)
+    policy.decide(state)
+    rnd = policy._round(state)
+    active = sorted(rnd.queues)
+    scores = []
+    for n in range(len(active) + 1):
+        for combo in itertools.combinations(active, n):
+            p = policy._pack(state, rnd, combo)
+            if p is not None:
+                scores.append(p.score)
+    best = policy._search(state, rnd)
+    assert best.score == pytest.approx(max(scores))
+    assert policy.evaluated == len(scores) + sum(
+        policy._pack(state, rnd, c) is None
+        for n in range(len(active) + 1)
+        for c in itertools.combinations(active, n)
+    )
+
+
+def test_greedy_search_is_bounded_and_never_beats_enumeration():
+    # the greedy search (single additions, pairs, then drops and swaps from R_t) scores at
+    # most what enumerating every subset finds, within max(16, |A|^2) candidates
+    tasks = [task(f"{a}{i}", i, stage("s", a, 300, 300)) for a in "ABCD" for i in range(3)]
+    inst = make({"A": 2000, "B": 1500, "C": 1000, "D": 1200}, tasks, capacity=7000, load=FAST_LINK)
+    state = released(inst)
+    make_resident(state, "A", "B", "C")
+    full = ready("topas-search:search=enumerate", inst)
+    greedy = ready("topas-search:search=greedy", inst)
+    best = full._search(state, full._round(state))
+    found = greedy._search(state, greedy._round(state))
+    assert found.score <= best.score + 1e-9
+    assert greedy.evaluated <= 16 + 1 and full.evaluated == 2**4
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_role_strips_the_index():
+    assert role_of("code_3") == "code" and role_of("tl_0") == "tl" and role_of("prd") == "prd"
+    assert role_of("s12") == "s" and role_of("7") == "7"
+
+
+def test_service_model_prior_then_learned_quantiles():
+    model = ServiceModel()
+    assert model.ratios(("a", "r")) == tuple(1.0 for _ in QUANTILES)  # the prior
+    for x in [2.0] * 40:
+        model.observe(("a", "r"), x)
+    model._refresh()
+    # 41 samples: the prior 1.0 and forty 2.0; the 10% quantile sits at position 4: 2.0
+    assert model.ratios(("a", "r")) == tuple(2.0 for _ in QUANTILES)
+    assert model.ratios(("b", "r")) == tuple(1.0 for _ in QUANTILES)
+
+
+def test_longest_path_defers_the_stages_not_started():
+    # One task, two parallel waiting stages with tails 10 and 4, a running branch of 7:
+    # started none -> max(7, 10 + D, 4 + D); with D = 5: 15. Start the long one: max(7,
+    # 10, 9) = 10; both: 10. So the pair's cut is 5, each stage's share 2.5.
+    from topas.search import _Analysis
+
+    an = _Analysis(running=[7.0], tails={("t", "x"): [10.0], ("t", "y"): [4.0]}, length=10.0)
+    assert longest_path(an, (), 5.0) == 15.0
+    assert longest_path(an, [("t", "x")], 5.0) == 10.0
+    assert longest_path(an, [("t", "x"), ("t", "y")], 5.0) == 10.0
+    assert TOPASSearch._share(an, 5.0) == 2.5
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=3, max_stages=4))
+def test_invariants_in_both_timing_modes(inst):
+    # debug=True re-checks every invariant after every event: KV within capacity, every
+    # running stage's prefix resident, deps before starts, each stage once
+    for timing in ("step", "calibrated"):
+        sched = simulate(inst, make_policy("topas-search"), timing=timing, debug=True)
+        assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
+        if timing == "step":
+            verify_step(sched)
+
+
+def test_completes_the_paper_workloads_and_repeats():
+    from topas.workloads import generate
+
+    inst = generate("dag-10-wide", num_tasks=12, seed=1000, load=1.2)
+    a = evaluate(simulate(inst, make_policy("topas-search"), debug=True))
+    b = evaluate(simulate(inst, make_policy("topas-search")))
+    assert a.jct == b.jct and len(a.jct) == 12
+
+
+def test_runs_repeat_across_processes(tmp_path):
+    # no decision may depend on the iteration order of a set of names (PYTHONHASHSEED)
+    from topas.instance import save_instance
+    from topas.workloads import generate
+
+    inst_file = tmp_path / "i.json"
+    save_instance(generate("dag-4", num_tasks=40, seed=1001, load=1.2), inst_file)
+    docs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"r{hash_seed}.json"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        cmd = [sys.executable, "-m", "topas.cli", "simulate", str(inst_file)]
+        run = subprocess.run(
+            [*cmd, "--policy", "topas-search", "--out", str(out), "--no-progress"],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        docs.append(json.loads(out.read_text())["jct"])
+    assert docs[0] == docs[1]
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="search: unknown mode 'best'"):
+        ready(
+            "topas-search:search=best", make({"A": 10}, [task("t", 0, stage("s", "A", 1, 1))], 30)
+        )

@@ -1,0 +1,665 @@
+"""TOPAS as the paper defines it: a search over post-decision states ``(R', Q')``.
+
+Work in progress (issue 11), registered as ``topas-search``; ``topas`` is still the
+single-pass scorer of :mod:`topas.heuristic`. docs/topas.md ("The search") has where it
+stands.
+
+At a scheduling point the decision is the resident prefix set ``R'`` and the running set
+``Q'``. Stages of agents outside ``R'`` are not admitted (they are ``Decision.held``); a
+prefix outside ``R'`` is evicted as soon as no running stage uses it, so the policy may
+drain a prompt on purpose to let the batch grow. Each candidate ``R'`` is packed greedily
+(GREEDYPACK: waiting stages of agents in ``R'`` best first while memory, batch slots and
+the per-decision change budget ``K`` last) and scored, in seconds::
+
+    Score(R', Q') = J_admit - J_move + V_reuse
+    J_admit  = sum over packed r of g_i(t) * Delta(r)
+    J_move   = c(a) per waiting task that must wait for a moved prefix a (in or out)
+    V_reuse  = beta * sum over a in R' of n_a(t) * c(a)
+    g_i(t)   = 1 + rho * log(1 + (t - tau_i) / H_age)
+
+``c(a)`` is the time to bring prefix ``a`` back: ``mu * l_a / B_swap`` with host swaps,
+its prefill with recompute (``timing.predicted_load_s``). ``Delta(r)`` is the stage's
+share of the cut in its task's expected longest remaining path ``L_i`` when the task's
+waiting stages start now rather than a deferral ``D`` (the mean predicted stage service)
+later: one of several parallel siblings alone cuts nothing, all of them together do, so
+each gets an equal share. ``L_i`` is the mean over :data:`QUANTILES` of the longest path
+with stage services scaled by the learned ratios of :class:`ServiceModel`. ``n_a``
+counts the next-hop stages of agent ``a``: not yet ready, every unfinished predecessor
+running.
+
+The budget of a pack is the post-decision one: a dropped prefix whose stages still run
+returns its memory, and theirs, when they finish; stages that fit only in that drained
+memory count at ``max(0, 1 - T / D)`` (``T``: when the drain ends) and are admitted by a
+later decision. Without this a myopic score never drains a busy prompt: keeping it admits
+at least as much now. With at most ``enumerate_max`` (M) active agents every subset is
+scored; otherwise a greedy search from the current residency adds single agents, then
+pairs, then repairs by dropping and swapping, within ``|A|^2`` candidates. Retraction
+(when decode memory runs out) takes the running stage whose loss ``J_redo + J_revoke``
+(decoded tokens times a decode step, plus the admission credit) is least.
+
+Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
+fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
+
+Deterministic: a decision depends only on the states the policy has been given (the
+service model learns from their finished stages), never on the wall clock or on the
+iteration order of a set, so every tensor-parallel rank of a server decides alike.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from topas.instance import StageRef
+from topas.policies.base import Policy, PolicyContext
+from topas.state import Decision, Phase, PrefixStatus, State
+from topas.timing import predicted_load_s, predicted_service_s
+
+SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
+
+QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
+"""The scenarios of :class:`ServiceModel`: ``E[LP]`` is the mean of the longest path
+under each quantile of the learned service ratios (see docs/topas.md for its error)."""
+
+MODEL_REFRESH = 32
+"""New observations between two refreshes of the scenario ratios (cached analyses are
+keyed by the refresh count, so refreshing at every completion would redo them all)."""
+
+MAX_SAMPLES = 256
+"""Observations kept per (agent, role): the most recent ones."""
+
+MAX_MISFITS = 16
+"""Waiting stages a pack skips because they do not fit, before it stops."""
+
+_ROLE = re.compile(r"[_\-]?\d+$")
+
+
+def role_of(stage_id: str) -> str:
+    """A stage's role: its id without a trailing index (``code_3`` -> ``code``)."""
+    return _ROLE.sub("", stage_id) or stage_id
+
+
+# --------------------------------------------------------------------------- service model
+
+
+class ServiceModel:
+    """Empirical distribution of actual / predicted service per (agent, role).
+
+    Learned online from the finished stages a policy sees (``State.done_service``); the
+    prediction is the prior (one pseudo-observation of ratio 1), so before any data every
+    scenario is the prediction. :meth:`ratios` gives, per key, the ratio at each of the
+    :data:`QUANTILES`.
+    """
+
+    def __init__(self) -> None:
+        self._samples: dict[tuple[str, str], list[float]] = {}
+        self._recent: dict[tuple[str, str], list[float]] = {}
+        self._seen: set[StageRef] = set()
+        self._pending = 0
+        self.version = 0
+        self._ratios: dict[tuple[str, str], tuple[float, ...]] = {}
+
+    def observe(self, key: tuple[str, str], ratio: float) -> None:
+        recent = self._recent.setdefault(key, [])
+        recent.append(ratio)
+        samples = self._samples.setdefault(key, [1.0])
+        bisect.insort(samples, ratio)
+        if len(recent) > MAX_SAMPLES:
+            samples.remove(recent.pop(0))
+        self._pending += 1
+
+    def learn(self, state: State, predicted: dict[StageRef, float]) -> None:
+        """Observe the stages finished since the last call (in a fixed order)."""
+        done = state.done_service
+        if len(self._seen) > 4 * len(done) + 1024:
+            self._seen &= done.keys()
+        new = sorted(ref for ref in done if ref not in self._seen)
+        for ref in new:
+            self._seen.add(ref)
+            pred = predicted.get(ref)
+            if pred is None or pred <= 0:
+                continue
+            info = state.tasks[ref[0]].stages[ref[1]]
+            self.observe((info.agent, role_of(ref[1])), done[ref] / pred)
+        if self._pending >= MODEL_REFRESH:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        self._pending = 0
+        self.version += 1
+        self._ratios = {
+            key: tuple(_quantile(samples, q) for q in QUANTILES)
+            for key, samples in sorted(self._samples.items())
+        }
+
+    def ratios(self, key: tuple[str, str]) -> tuple[float, ...]:
+        return self._ratios.get(key, _ONES)
+
+
+_ONES = tuple(1.0 for _ in QUANTILES)
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of an ascending list."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+# --------------------------------------------------------------------------- task analysis
+
+
+@dataclass
+class _Analysis:
+    """Per scenario, the longest remaining path of a task's running frontier and, per
+    waiting stage, its own service plus the longest path after it."""
+
+    running: list[float]  # per scenario: longest path through the running frontier
+    tails: dict[StageRef, list[float]]  # waiting stage -> per scenario tail
+    length: float  # E[LP] with every waiting stage started now
+
+
+def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceModel) -> _Analysis:
+    info = state.tasks[tid]
+    phase = state.phase
+    order = info.topo_order
+    k = len(QUANTILES)
+    own: dict[str, list[float]] = {}
+    for sid in order:
+        ref = (tid, sid)
+        ph = phase[ref]
+        if ph is Phase.DONE:
+            continue
+        st = info.stages[sid]
+        ratios = model.ratios((st.agent, role_of(sid)))
+        base = svc[ref]
+        o = [base * r for r in ratios]
+        if ph is Phase.RUNNING:
+            run = state.running[ref]
+            if run.started_at is not None:
+                gone = state.time - run.started_at
+                o = [max(x - gone, 0.1 * x) for x in o]
+        own[sid] = o
+    tail: dict[str, list[float]] = {}
+    for sid in reversed(order):
+        o = own.get(sid)
+        if o is None:
+            continue
+        below = [0.0] * k
+        for c in info.stages[sid].children:
+            tc = tail[c]  # the children of an unfinished stage are unfinished
+            below = [max(a, b) for a, b in zip(below, tc, strict=True)]
+        tail[sid] = [a + b for a, b in zip(o, below, strict=True)]
+    running = [0.0] * k
+    tails: dict[StageRef, list[float]] = {}
+    for sid, t in tail.items():
+        ph = phase[(tid, sid)]
+        if ph is Phase.WAITING:
+            tails[(tid, sid)] = t
+        elif ph is Phase.RUNNING or ph is Phase.ADMITTED:
+            running = [max(a, b) for a, b in zip(running, t, strict=True)]
+    best = list(running)
+    for t in tails.values():
+        best = [max(a, b) for a, b in zip(best, t, strict=True)]
+    return _Analysis(running, tails, sum(best) / k)
+
+
+def longest_path(analysis: _Analysis, started: Iterable[StageRef], deferral: float) -> float:
+    """``L_i(H)``: the expected longest remaining path when the waiting stages in
+    ``started`` start now and the others ``deferral`` seconds later."""
+    now = set(started)
+    best = list(analysis.running)
+    for ref, t in analysis.tails.items():
+        add = 0.0 if ref in now else deferral
+        best = [max(a, b + add) for a, b in zip(best, t, strict=True)]
+    return sum(best) / len(best)
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+@dataclass
+class _Pack:
+    """One candidate post-decision state: what GREEDYPACK admitted and its score."""
+
+    agents: tuple[str, ...]
+    admitted: list[StageRef]
+    credit: dict[StageRef, float]
+    score: float
+    changes: int  # prefixes that change residency: |R' xor R_t|
+
+    def beats(self, other: _Pack | None) -> bool:
+        """A higher score; among equal scores (1e-9 s), fewer residency changes."""
+        if other is None:
+            return True
+        if self.score > other.score + 1e-9:
+            return True
+        return self.score >= other.score - 1e-9 and self.changes < other.changes
+
+
+@dataclass
+class _Round:
+    """What one decision computes once and every candidate reads."""
+
+    free: int
+    slots: int
+    status: dict[str, PrefixStatus]
+    users: dict[str, int]
+    tokens: dict[str, int]
+    queues: dict[str, list[tuple]]  # agent -> waiting stages, best first
+    need: dict[StageRef, int]
+    weight: dict[str, float]  # task -> g_i(t)
+    waiting_tasks: dict[str, int]  # agent -> tasks with a waiting stage of it
+    next_hop: dict[str, int]  # agent -> n_a(t)
+    cost: dict[str, float]  # agent -> c(a), seconds to bring its prefix back
+    current: frozenset[str] = frozenset()  # R_t: prefixes resident or loading
+    running_kv: dict[str, int] = field(default_factory=dict)  # agent -> KV of its running
+    drain_s: dict[str, float] = field(default_factory=dict)  # agent -> its last to finish
+    rank: dict[StageRef, tuple] = field(default_factory=dict)  # pack order key per stage
+    analyses: dict[str, _Analysis] = field(default_factory=dict)
+    share: dict[str, float] = field(default_factory=dict)  # task -> Delta of each waiting stage
+
+
+@dataclass
+class TOPASSearch(Policy):
+    """TOPAS: search the resident prefix set and the running set together (module doc)."""
+
+    progress: float = 1.0  # J_admit weight
+    move: float = 1.0  # J_move weight
+    reuse: float = 1.0  # beta: V_reuse weight
+    redo: float = 1.0  # J_redo weight
+    revoke: float = 1.0  # J_revoke weight
+    aging: float = 3.0  # rho
+    age_scale: float = 0.0  # H_age, seconds; 0 = the mean predicted critical path of a task
+    enumerate_max: int = 6  # M: enumerate every subset of at most this many active agents
+    max_changes: int = 64  # K: admissions (and retractions) per decision
+    search: str = "auto"  # auto | enumerate | greedy | all
+    drain_discount: bool = True  # drained memory counts at max(0, 1 - T / D), else fully
+    smith: bool = True  # pack order: progress per second of the task's remaining path
+    name = "topas-search"
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        if self.search not in SEARCH_MODES:
+            raise ValueError(
+                f"search: unknown mode {self.search!r} (valid: {', '.join(SEARCH_MODES)})"
+            )
+        if self.enumerate_max < 0 or self.max_changes < 1:
+            raise ValueError("enumerate_max must be >= 0 and max_changes >= 1")
+        self.model = ServiceModel()
+        self._svc: dict[StageRef, float] = {}
+        self._load_s: dict[str, float] = {}
+        self._mean_svc = 0.0
+        self._n_svc = 0
+        self._mean_path = 0.0
+        self._paths: dict[str, float] = {}
+        self._cache: dict[str, tuple[tuple, _Analysis]] = {}
+        self._credit: dict[StageRef, float] = {}
+        self._kept: tuple[str, ...] = ()
+        self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
+
+    # ------------------------------------------------------------------ estimates
+
+    def _service(self, state: State, ref: StageRef) -> float:
+        s = self._svc.get(ref)
+        if s is None:
+            info = state.stage(ref)
+            s = predicted_service_s(
+                self.ctx.server, self.ctx.timing, info.input_tokens, info.predicted_output
+            )
+            self._svc[ref] = s
+            self._n_svc += 1
+            self._mean_svc += (s - self._mean_svc) / self._n_svc
+        return s
+
+    def _cost(self, state: State, agent: str) -> float:
+        """c(a): seconds to bring the prefix back (a swap, or its recompute)."""
+        s = self._load_s.get(agent)
+        if s is None:
+            tokens = state.prefixes[agent].tokens
+            s = self._load_s[agent] = predicted_load_s(self.ctx.server, self.ctx.timing, tokens)
+        return s
+
+    def _register(self, state: State, tid: str) -> None:
+        """Predicted services of a new task and its critical path (for ``H_age``)."""
+        info = state.tasks[tid]
+        tail: dict[str, float] = {}
+        for sid in reversed(info.topo_order):
+            s = info.stages[sid]
+            own = self._service(state, (tid, sid))
+            tail[sid] = own + max((tail[c] for c in s.children), default=0.0)
+        path = max(tail.values(), default=0.0)
+        self._paths[tid] = path
+        self._mean_path += (path - self._mean_path) / len(self._paths)
+
+    def _weight(self, state: State, tid: str) -> float:
+        """g_i(t) = 1 + rho * log(1 + age / H_age)."""
+        if not self.aging:
+            return 1.0
+        scale = self.age_scale or max(self._mean_path, 1e-9)
+        return 1.0 + self.aging * math.log1p(state.age(tid) / scale)
+
+    def _analysis(self, state: State, rnd: _Round, tid: str) -> _Analysis:
+        got = rnd.analyses.get(tid)
+        if got is not None:
+            return got
+        key = (state.task_epoch[tid], self.model.version)
+        cached = self._cache.get(tid)
+        if cached is None or cached[0] != key:
+            cached = (key, _analyse(state, tid, self._svc, self.model))
+            self._cache[tid] = cached
+        rnd.analyses[tid] = cached[1]
+        return cached[1]
+
+    # ------------------------------------------------------------------ one round
+
+    def _round(self, state: State) -> _Round:
+        for tid in state.tasks:
+            if tid not in self._paths:
+                self._register(state, tid)
+        if len(self._paths) > 4 * max(16, len(state.tasks)):
+            self._paths = {t: p for t, p in self._paths.items() if t in state.tasks}
+            self._cache = {t: c for t, c in self._cache.items() if t in state.tasks}
+            self._svc = {r: s for r, s in self._svc.items() if r[0] in state.tasks}
+            self._credit = {r: c for r, c in self._credit.items() if r in state.running}
+        self.model.learn(state, self._svc)
+        prefixes = state.prefixes
+        rnd = _Round(
+            free=state.free_kv,
+            slots=state.free_slots,
+            status={a: p.status for a, p in prefixes.items()},
+            users={a: p.users for a, p in prefixes.items()},
+            tokens={a: p.tokens for a, p in prefixes.items()},
+            queues={},
+            need={},
+            weight={},
+            waiting_tasks={},
+            next_hop={},
+            cost={a: self._cost(state, a) for a in prefixes},
+        )
+        deferral = max(self._mean_svc, 1e-9)
+        by_agent: dict[str, list[tuple]] = {}
+        tasks_of: dict[str, set[str]] = {}
+        for ref in sorted(state.waiting):
+            tid = ref[0]
+            w = rnd.weight.get(tid)
+            if w is None:
+                w = rnd.weight[tid] = self._weight(state, tid)
+            an = self._analysis(state, rnd, tid)
+            delta = rnd.share.get(tid)
+            if delta is None:
+                delta = rnd.share[tid] = self._share(an, deferral)
+            agent = state.agent_of(ref)
+            rnd.need[ref] = state.need(ref)
+            # best first: age-weighted progress, then the shorter task (SRPT), then age
+            value = w * delta / max(an.length, 1e-9) if self.smith else w * delta
+            key = (-value, an.length, state.tasks[tid].release, tid, ref[1])
+            rnd.rank[ref] = key
+            by_agent.setdefault(agent, []).append((key, ref))
+            tasks_of.setdefault(agent, set()).add(tid)
+        for agent, items in by_agent.items():
+            items.sort()
+            rnd.queues[agent] = [ref for _, ref in items]
+        rnd.current = frozenset(a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT)
+        rnd.waiting_tasks = {a: len(t) for a, t in tasks_of.items()}
+        for ref, run in sorted(state.running.items()):
+            agent = state.agent_of(ref)
+            rnd.running_kv[agent] = rnd.running_kv.get(agent, 0) + run.reserved
+            left = self._service(state, ref)
+            if run.started_at is not None:
+                left = max(0.0, left - (state.time - run.started_at))
+            rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
+        rnd.next_hop = self._next_hops(state)
+        return rnd
+
+    @staticmethod
+    def _next_hops(state: State) -> dict[str, int]:
+        """n_a(t): stages not yet ready whose every unfinished predecessor is running."""
+        out: dict[str, int] = {}
+        phase = state.phase
+        for tid in state.unfinished:
+            info = state.tasks[tid]
+            for sid in info.topo_order:
+                if phase[(tid, sid)] is not Phase.BLOCKED:
+                    continue
+                st = info.stages[sid]
+                ok = all(
+                    phase[(tid, d)] in (Phase.DONE, Phase.RUNNING, Phase.ADMITTED) for d in st.deps
+                )
+                if ok:
+                    out[st.agent] = out.get(st.agent, 0) + 1
+        return out
+
+    # ------------------------------------------------------------------ GREEDYPACK
+
+    def _pack(self, state: State, rnd: _Round, agents: tuple[str, ...]) -> _Pack | None:
+        """GREEDYPACK(R'): admit waiting stages of ``agents`` best first while they fit;
+        score the post-decision state.
+
+        The budget is the post-decision one, ``B - sum_{a in R'} l_a - sum_{r in Q'} d_r``:
+        a dropped prefix whose stages still run (it drains) returns its memory, and theirs,
+        when they finish. Stages that fit now are admitted; those that fit only in the
+        drained memory are credited at ``drain_credit`` (they start once the drain ends,
+        ``T`` seconds from now: ``max(0, 1 - T / D)``) and admitted by a later decision."""
+        keep = set(agents)
+        free = rnd.free
+        drained = 0  # memory that draining prefixes and their running stages will return
+        drain_s = 0.0
+        j_move = 0.0
+        for a, st in rnd.status.items():
+            present = st is not PrefixStatus.ABSENT
+            if a in keep and not present:
+                free -= rnd.tokens[a]
+            elif a not in keep and present:
+                if st is PrefixStatus.RESIDENT and rnd.users[a] == 0:
+                    free += rnd.tokens[a]
+                elif st is PrefixStatus.RESIDENT:
+                    drained += rnd.tokens[a] + rnd.running_kv.get(a, 0)
+                    drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
+                j_move += rnd.cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
+        if free < min(0, rnd.free):  # loads that do not fit (the engine's own accounting
+            return None  # may run over while stages decode past their predictions)
+        later = self._later(drain_s) if drained else 0.0
+        position = dict.fromkeys(agents, 0)
+        queue = [(rnd.rank[rnd.queues[a][0]], a) for a in agents if a in rnd.queues]
+        heapq.heapify(queue)
+        admitted: list[StageRef] = []
+        credit: dict[StageRef, float] = {}
+        moved: dict[str, set[str]] = {}
+        slots, misfits, j_admit = rnd.slots, 0, 0.0
+        while queue and slots > 0 and len(admitted) < self.max_changes:
+            _, a = heapq.heappop(queue)
+            q = rnd.queues[a]
+            ref = q[position[a]]
+            position[a] += 1
+            if position[a] < len(q):
+                heapq.heappush(queue, (rnd.rank[q[position[a]]], a))
+            need = rnd.need[ref]
+            now = need <= free
+            if not now and (need > drained or not later):
+                misfits += 1
+                if misfits >= MAX_MISFITS:
+                    break
+                continue
+            tid = ref[0]
+            value = rnd.weight[tid] * rnd.share[tid]
+            slots -= 1
+            if now:
+                credit[ref] = value
+                j_admit += value
+                free -= need
+                admitted.append(ref)
+                if rnd.status[a] is PrefixStatus.ABSENT:
+                    moved.setdefault(a, set()).add(tid)
+            else:
+                j_admit += later * value
+                drained -= need
+        for a in agents:
+            if rnd.status[a] is PrefixStatus.ABSENT:  # l_in: the tasks that wait for it
+                j_move += rnd.cost[a] * max(1, len(moved.get(a, ())))
+        v_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in agents)
+        score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse
+        return _Pack(agents, admitted, credit, score, len(keep ^ rnd.current))
+
+    def _later(self, drain_s: float) -> float:
+        """The credit of a stage that fits only once the drain ends, ``drain_s`` from now."""
+        if not self.drain_discount:
+            return 1.0
+        return max(0.0, 1.0 - drain_s / max(self._mean_svc, 1e-9))
+
+    @staticmethod
+    def _share(an: _Analysis, deferral: float) -> float:
+        """A waiting stage's share of its task's progress: the cut in ``L_i`` when every
+        waiting stage starts now rather than later, split evenly among them (one of
+        several parallel siblings alone cuts nothing; all of them together do)."""
+        if not an.tails:
+            return 0.0
+        cut = longest_path(an, (), deferral) - longest_path(an, an.tails, deferral)
+        return cut / len(an.tails)
+
+    # ------------------------------------------------------------------ the search
+
+    def _candidates_agents(self, state: State, rnd: _Round) -> tuple[list[str], tuple[str, ...]]:
+        """The active pool A_t (sorted) and the current residency R_t within it."""
+        pool = set(rnd.queues) | {a for a, n in rnd.next_hop.items() if n}
+        pool |= {a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT}
+        active = sorted(pool)
+        current = tuple(a for a in active if rnd.status[a] is not PrefixStatus.ABSENT)
+        return active, current
+
+    def _search(self, state: State, rnd: _Round) -> _Pack:
+        active, current = self._candidates_agents(state, rnd)
+        scored: dict[tuple[str, ...], _Pack | None] = {}
+
+        def score(agents: Iterable[str]) -> _Pack | None:
+            key = tuple(sorted(set(agents)))
+            if key not in scored:
+                scored[key] = self._pack(state, rnd, key)
+            return scored[key]
+
+        mode = self.search
+        if mode == "all":  # no choice of residency: every active agent that fits, best first
+            heads = sorted((rnd.rank[q[0]], a) for a, q in rnd.queues.items())
+            keep = list(current)
+            for _, a in heads:
+                if a not in keep and score([*keep, a]) is not None:
+                    keep.append(a)
+            best = score(keep)
+        elif mode == "enumerate" or (mode == "auto" and len(active) <= self.enumerate_max):
+            best = None
+            for n in range(len(active) + 1):
+                for combo in itertools.combinations(active, n):
+                    p = score(combo)
+                    if p is not None and p.beats(best):
+                        best = p
+        else:
+            best = self._greedy(active, current, score)
+        assert best is not None  # the current residency always fits: nothing changes
+        if not best.admitted and not state.running and rnd.queues:
+            # never idle the server: the best single stage's agent alone
+            _, a = min((rnd.rank[q[0]], a) for a, q in rnd.queues.items())
+            alone = score((a,))
+            if alone is not None and alone.admitted:
+                best = alone
+        self.evaluated = len(scored)
+        return best
+
+    def _greedy(self, active: list[str], current: tuple[str, ...], score) -> _Pack:  # type: ignore[no-untyped-def]
+        """From R_t: best single additions, pairs when singles stall, then drops and swaps;
+        at most ``|A|^2`` candidates."""
+        budget = max(16, len(active) ** 2)
+        evals = 0
+        best = score(current)
+        assert best is not None
+        cur = set(current)
+
+        def better(cands: Iterable[tuple[str, ...]]) -> _Pack | None:
+            nonlocal evals
+            top = None
+            for agents in cands:
+                if evals >= budget:
+                    break
+                evals += 1
+                p = score(agents)
+                if p is not None and p.score > best.score + 1e-9 and p.beats(top):
+                    top = p
+            return top
+
+        while evals < budget:
+            outside = [a for a in active if a not in cur]
+            inside = sorted(cur)
+            step = better(tuple(sorted(cur | {a})) for a in outside)
+            if step is None:
+                step = better(
+                    tuple(sorted(cur | set(pair))) for pair in itertools.combinations(outside, 2)
+                )
+            if step is None:
+                drops = (tuple(a for a in inside if a != x) for x in inside)
+                swaps = (tuple(sorted((cur - {x}) | {y})) for x in inside for y in outside)
+                step = better(itertools.chain(drops, swaps))
+            if step is None:
+                break
+            best, cur = step, set(step.agents)
+        return best
+
+    # ------------------------------------------------------------------ decide
+
+    def decide(self, state: State) -> Decision:
+        rnd = self._round(state)
+        best = self._search(state, rnd)
+        keep = set(best.agents)
+        plan = state.plan()
+        for a in sorted(rnd.status):
+            if a not in keep and rnd.status[a] is PrefixStatus.RESIDENT and rnd.users[a] == 0:
+                plan.do_evict(a)
+        for ref in best.admitted:
+            if not plan.try_admit(ref, ()):
+                raise AssertionError(f"TOPAS packed {ref} but it does not fit")  # pragma: no cover
+        for a in best.agents:
+            if plan.status(a) is PrefixStatus.ABSENT:
+                plan.do_load(a)  # kept for the reuse it promises
+        for ref, c in best.credit.items():
+            self._credit[ref] = c
+        self._kept = best.agents
+        held = tuple(ref for a in sorted(rnd.queues) if a not in keep for ref in rnd.queues[a])
+        decision = plan.decision()
+        return Decision(
+            preempt=decision.preempt,
+            evict=decision.evict,
+            load=decision.load,
+            admit=decision.admit,
+            held=held,
+        )
+
+    # ------------------------------------------------------------------ retention, retraction
+
+    def eviction_order(self, state: State) -> list[str]:
+        """Unused prefixes: those outside the last kept set first, then the least reuse."""
+        cands = state.evictable()  # LRU order, kept among ties by the stable sort
+        kept = set(self._kept)
+        hops = self._next_hops(state) if self.reuse else {}
+        cands.sort(key=lambda a: (a in kept, hops.get(a, 0) * self._cost(state, a)))
+        return cands
+
+    def retraction_order(self, state: State, candidates: Sequence[StageRef]) -> list[StageRef]:
+        """Least loss first: ``J_redo`` (decoded tokens x the time of one decode step) plus
+        ``J_revoke`` (the admission credit taken back)."""
+        per_token = predicted_service_s(self.ctx.server, self.ctx.timing, 0, 1)
+
+        def loss(ref: StageRef) -> tuple[float, str, str]:
+            redo = state.running[ref].generated * per_token
+            return (
+                self.redo * redo + self.revoke * self._credit.get(ref, 0.0),
+                ref[0],
+                ref[1],
+            )
+
+        return sorted(candidates, key=loss)
