@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tuning", action="store_true", help="allow a tuning seed (to choose defaults)"
     )
     ap.add_argument("--jobs", type=int, default=1, help="instances solved in parallel")
+    ap.add_argument("--profile", default=None, help="server profile (default: each family's)")
     ap.add_argument("--out", default="results/gap", help="output folder")
     ap.add_argument("--no-progress", action="store_true")
     return ap
@@ -92,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> GapConfig:
         seed=args.seed,
         jobs=args.jobs,
         threads=args.threads,
+        profile=args.profile,
     )
 
 

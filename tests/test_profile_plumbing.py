@@ -194,3 +194,17 @@ def test_generate_and_simulate_with_a_profile(tmp_path, capsys):
         capsys, "simulate", inst_file, "--policy", "fcfs", "--profile", "x", "--out", out
     )
     assert rc == 2 and "unknown profile 'x'" in err
+
+
+def test_small_instances_and_the_gap_study_take_a_profile(tmp_path, capsys):
+    from topas.gap import GapConfig, validate_config
+    from topas.workloads import small_instance
+
+    inst = small_instance("chain", seed=3, profile="qwen2.5-32b/a100-80gb")
+    assert inst.server.profile is not None
+    assert inst.server.profile.name == "qwen2.5-32b/a100-80gb"
+    assert inst.server.cost_model is not None and inst.server.cost_model.kind == "step"
+    with pytest.raises(ValueError, match="profile: unknown profile 'nope'"):
+        validate_config(GapConfig(families=("chain",), profile="nope"))
+    rc, _, err = run(capsys, "gap", "--profile", "nope", "--out", tmp_path / "g")
+    assert rc == 2 and "unknown profile 'nope'" in err and not (tmp_path / "g").exists()

@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--jobs", type=int, default=1, help="instances solved in parallel")
     gp.add_argument("--out", default="results/gap", help="output folder")
     gp.add_argument("--no-progress", action="store_true")
+    gp.add_argument("--profile", help="server profile of the instances (default: each family's)")
     gp.set_defaults(func=cmd_gap)
 
     sb = sub.add_parser(
@@ -416,6 +417,7 @@ def cmd_gap(args: argparse.Namespace) -> None:
         time_limit=args.time_limit,
         seed=args.seed,
         jobs=args.jobs,
+        profile=args.profile,
     )
     summary = run_gap_study(config, args.out, progress=not args.no_progress)
     print(summary)

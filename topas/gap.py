@@ -129,6 +129,7 @@ class GapConfig:
     seed: int = REPORT_STUDY_SEED
     jobs: int = 1
     threads: int = 1
+    profile: str | None = None  # server profile of the instances (None: each family's)
 
     def resolved_policies(self) -> tuple[str, ...]:
         """The policy specs the study runs, in order."""
@@ -194,6 +195,13 @@ def validate_config(config: GapConfig) -> tuple[str, ...]:
         or config.threads < 1
     ):
         raise ValueError(f"threads: {config.threads!r} is not an integer >= 1")
+    if config.profile is not None:
+        from topas.profiles import ProfileError, get_profile
+
+        try:
+            get_profile(config.profile)
+        except ProfileError as e:
+            raise ValueError(f"profile: {e}") from None
     if config.policies is not None and (isinstance(config.policies, str) or not config.policies):
         raise ValueError("policies: give at least one policy spec (a tuple), or None for all")
     specs = config.resolved_policies()
@@ -301,6 +309,7 @@ def study_instance(
     backend: str,
     time_limit: float,
     threads: int,
+    profile: str | None = None,
 ) -> list[dict[str, Any]]:
     """Generate, simulate and solve one instance; its rows of ``runs.csv``.
 
@@ -311,7 +320,7 @@ def study_instance(
     from topas.workloads import small_instance
 
     seed = instance_seed(config_seed, num_tasks, index)
-    inst = small_instance(family, seed=seed, num_tasks=num_tasks)
+    inst = small_instance(family, seed=seed, num_tasks=num_tasks, profile=profile)
     candidates = list(dict.fromkeys([*specs, *BASELINES]))
     runs = policy_objectives(inst, candidates, seed=seed)
     _, warm_obj, warm = best_schedule(runs)
@@ -402,7 +411,15 @@ def _run_jobs(
 
     tasks = (
         delayed(study_instance)(
-            family, n, i, config.seed, specs, config.backend, config.time_limit, config.threads
+            family,
+            n,
+            i,
+            config.seed,
+            specs,
+            config.backend,
+            config.time_limit,
+            config.threads,
+            config.profile,
         )
         for family, n, i in jobs
     )
@@ -441,6 +458,8 @@ def gap_command(config: GapConfig, out: Path) -> str:
     ]
     if config.policies is not None:
         args += ["--policies", ",".join(config.policies)]
+    if config.profile is not None:
+        args += ["--profile", config.profile]
     args += ["--out", str(out)]
     line = shlex.join(args)
     if config.threads != 1:

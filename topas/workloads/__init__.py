@@ -447,6 +447,7 @@ def small_instance(
     max_running: int | None = None,
     prediction_sigma: float = 0.0,
     free_stages: float = SMALL_FREE_STAGES,
+    profile: str | None = None,
     **params: Any,
 ) -> Instance:
     """A scaled-down step-timing instance for the exact oracle.
@@ -457,7 +458,9 @@ def small_instance(
     plus ``free_stages`` average stages: with every prefix resident only ~2 stages run, so
     the prefix/batch tradeoff binds even with a handful of tasks. Without
     ``load`` or ``rate``, arrivals are Poisson at ``(num_tasks-1)/SMALL_ARRIVAL_SPAN_STEPS``
-    tasks per step. ``params`` override the shrunk family parameters.
+    tasks per step. ``profile`` (default: the family's) sets the chunk and the swap rate
+    (in the step model the cost model is the step's). ``params`` override the shrunk
+    family parameters.
     """
     wl = get_workload(family)
     merged = dict(wl.small_params) | params
@@ -478,4 +481,5 @@ def small_instance(
         free_stages=free_stages,
         params=merged,
         scaled_kv=kv_capacity_tokens,
+        server_choice=ServerChoice(profile),
     )
