@@ -284,6 +284,7 @@ class TOPASSearch(Policy):
     search: str = "auto"  # auto | enumerate | greedy | all
     drain_discount: bool = True  # drained memory counts at max(0, 1 - T / D), else fully
     smith: bool = True  # pack order: progress per second of the task's remaining path
+    additive: bool = False  # pack order: aging added to the Smith ratio, not multiplied
     name = "topas-search"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -400,7 +401,12 @@ class TOPASSearch(Policy):
             agent = state.agent_of(ref)
             rnd.need[ref] = state.need(ref)
             # best first: age-weighted progress, then the shorter task (SRPT), then age
-            value = w * delta / max(an.length, 1e-9) if self.smith else w * delta
+            if self.smith and self.additive:  # the wait counts on its own, as a stage's worth
+                value = delta / max(an.length, 1e-9) + (w - 1.0) / deferral
+            elif self.smith:
+                value = w * delta / max(an.length, 1e-9)
+            else:
+                value = w * delta
             key = (-value, an.length, state.tasks[tid].release, tid, ref[1])
             rnd.rank[ref] = key
             by_agent.setdefault(agent, []).append((key, ref))
