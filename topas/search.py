@@ -76,6 +76,10 @@ MAX_SAMPLES = 256
 MAX_MISFITS = 16
 """Waiting stages a pack skips because they do not fit, before it stops."""
 
+PAIR_POOL = 8
+"""The greedy search's pairs and swaps bring in only the outside agents of the best this
+many single additions (the issue's bound is O(|A|^2) candidates; this keeps O(|A|))."""
+
 _ROLE = re.compile(r"[_\-]?\d+$")
 
 
@@ -165,6 +169,8 @@ class _Analysis:
     running: list[float]  # per scenario: longest path through the running frontier
     tails: dict[StageRef, list[float]]  # waiting stage -> per scenario tail
     length: float  # E[LP] with every waiting stage started now
+    share: float = 0.0  # Delta of each waiting stage (TOPASSearch._share at analysis time)
+    next_hop: dict[str, int] = field(default_factory=dict)  # agent -> its next-hop stages
 
 
 def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceModel) -> _Analysis:
@@ -210,6 +216,20 @@ def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceM
     for t in tails.values():
         best = [max(a, b) for a, b in zip(best, t, strict=True)]
     return _Analysis(running, tails, sum(best) / k)
+
+
+def _task_next_hops(state: State, tid: str) -> dict[str, int]:
+    """Per agent, the task's stages not yet ready whose unfinished predecessors all run."""
+    out: dict[str, int] = {}
+    phase = state.phase
+    info = state.tasks[tid]
+    for sid in info.topo_order:
+        if phase[(tid, sid)] is not Phase.BLOCKED:
+            continue
+        st = info.stages[sid]
+        if all(phase[(tid, d)] in (Phase.DONE, Phase.RUNNING, Phase.ADMITTED) for d in st.deps):
+            out[st.agent] = out.get(st.agent, 0) + 1
+    return out
 
 
 def longest_path(analysis: _Analysis, started: Iterable[StageRef], deferral: float) -> float:
@@ -261,6 +281,7 @@ class _Round:
     next_hop: dict[str, int]  # agent -> n_a(t)
     cost: dict[str, float]  # agent -> c(a), seconds to bring its prefix back
     current: frozenset[str] = frozenset()  # R_t: prefixes resident or loading
+    current_reuse: float = 0.0  # sum over R_t of n_a * c(a)
     running_kv: dict[str, int] = field(default_factory=dict)  # agent -> KV of its running
     drain_s: dict[str, float] = field(default_factory=dict)  # agent -> its last to finish
     rank: dict[StageRef, tuple] = field(default_factory=dict)  # pack order key per stage
@@ -348,16 +369,19 @@ class TOPASSearch(Policy):
         scale = self.age_scale or max(self._mean_path, 1e-9)
         return 1.0 + self.aging * math.log1p(state.age(tid) / scale)
 
-    def _analysis(self, state: State, rnd: _Round, tid: str) -> _Analysis:
-        got = rnd.analyses.get(tid)
+    def _analysis(self, state: State, memo: dict[str, _Analysis], tid: str) -> _Analysis:
+        got = memo.get(tid)
         if got is not None:
             return got
         key = (state.task_epoch[tid], self.model.version)
         cached = self._cache.get(tid)
         if cached is None or cached[0] != key:
-            cached = (key, _analyse(state, tid, self._svc, self.model))
+            an = _analyse(state, tid, self._svc, self.model)
+            an.share = self._share(an, max(self._mean_svc, 1e-9))
+            an.next_hop = _task_next_hops(state, tid)
+            cached = (key, an)
             self._cache[tid] = cached
-        rnd.analyses[tid] = cached[1]
+        memo[tid] = cached[1]
         return cached[1]
 
     # ------------------------------------------------------------------ one round
@@ -394,10 +418,8 @@ class TOPASSearch(Policy):
             w = rnd.weight.get(tid)
             if w is None:
                 w = rnd.weight[tid] = self._weight(state, tid)
-            an = self._analysis(state, rnd, tid)
-            delta = rnd.share.get(tid)
-            if delta is None:
-                delta = rnd.share[tid] = self._share(an, deferral)
+            an = self._analysis(state, rnd.analyses, tid)
+            delta = rnd.share[tid] = an.share
             agent = state.agent_of(ref)
             rnd.need[ref] = state.need(ref)
             # best first: age-weighted progress, then the shorter task (SRPT), then age
@@ -415,6 +437,8 @@ class TOPASSearch(Policy):
             items.sort()
             rnd.queues[agent] = [ref for _, ref in items]
         rnd.current = frozenset(a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT)
+        rnd.next_hop = self._next_hops(state, rnd.analyses)
+        rnd.current_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in sorted(rnd.current))
         rnd.waiting_tasks = {a: len(t) for a, t in tasks_of.items()}
         for ref, run in sorted(state.running.items()):
             agent = state.agent_of(ref)
@@ -423,25 +447,16 @@ class TOPASSearch(Policy):
             if run.started_at is not None:
                 left = max(0.0, left - (state.time - run.started_at))
             rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
-        rnd.next_hop = self._next_hops(state)
         return rnd
 
-    @staticmethod
-    def _next_hops(state: State) -> dict[str, int]:
-        """n_a(t): stages not yet ready whose every unfinished predecessor is running."""
+    def _next_hops(self, state: State, memo: dict[str, _Analysis] | None = None) -> dict[str, int]:
+        """n_a(t): stages not yet ready whose every unfinished predecessor is running
+        (per task from its cached analysis, which follows the task's epoch)."""
+        memo = {} if memo is None else memo
         out: dict[str, int] = {}
-        phase = state.phase
         for tid in state.unfinished:
-            info = state.tasks[tid]
-            for sid in info.topo_order:
-                if phase[(tid, sid)] is not Phase.BLOCKED:
-                    continue
-                st = info.stages[sid]
-                ok = all(
-                    phase[(tid, d)] in (Phase.DONE, Phase.RUNNING, Phase.ADMITTED) for d in st.deps
-                )
-                if ok:
-                    out[st.agent] = out.get(st.agent, 0) + 1
+            for agent, n in self._analysis(state, memo, tid).next_hop.items():
+                out[agent] = out.get(agent, 0) + n
         return out
 
     # ------------------------------------------------------------------ GREEDYPACK
@@ -460,17 +475,19 @@ class TOPASSearch(Policy):
         drained = 0  # memory that draining prefixes and their running stages will return
         drain_s = 0.0
         j_move = 0.0
-        for a, st in rnd.status.items():
-            present = st is not PrefixStatus.ABSENT
-            if a in keep and not present:
+        v_reuse = rnd.current_reuse
+        for a in sorted(keep ^ rnd.current):  # only what changes against R_t costs or frees
+            if a in keep:  # absent now: loaded (l_in is charged below, per waiting task)
                 free -= rnd.tokens[a]
-            elif a not in keep and present:
-                if st is PrefixStatus.RESIDENT and rnd.users[a] == 0:
-                    free += rnd.tokens[a]
-                elif st is PrefixStatus.RESIDENT:
-                    drained += rnd.tokens[a] + rnd.running_kv.get(a, 0)
-                    drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
-                j_move += rnd.cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
+                v_reuse += rnd.next_hop.get(a, 0) * rnd.cost[a]
+                continue
+            v_reuse -= rnd.next_hop.get(a, 0) * rnd.cost[a]
+            if rnd.status[a] is PrefixStatus.RESIDENT and rnd.users[a] == 0:
+                free += rnd.tokens[a]
+            elif rnd.status[a] is PrefixStatus.RESIDENT:
+                drained += rnd.tokens[a] + rnd.running_kv.get(a, 0)
+                drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
+            j_move += rnd.cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
         if free < min(0, rnd.free):  # loads that do not fit (the engine's own accounting
             return None  # may run over while stages decode past their predictions)
         later = self._later(drain_s) if drained else 0.0
@@ -508,10 +525,8 @@ class TOPASSearch(Policy):
             else:
                 j_admit += later * value
                 drained -= need
-        for a in agents:
-            if rnd.status[a] is PrefixStatus.ABSENT:  # l_in: the tasks that wait for it
-                j_move += rnd.cost[a] * max(1, len(moved.get(a, ())))
-        v_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in agents)
+        for a in keep - rnd.current:  # l_in: the tasks that wait for it
+            j_move += rnd.cost[a] * max(1, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse
         return _Pack(agents, admitted, credit, score, len(keep ^ rnd.current))
 
@@ -580,37 +595,47 @@ class TOPASSearch(Policy):
 
     def _greedy(self, active: list[str], current: tuple[str, ...], score) -> _Pack:  # type: ignore[no-untyped-def]
         """From R_t: best single additions, pairs when singles stall, then drops and swaps;
-        at most ``|A|^2`` candidates."""
+        at most ``|A|^2`` candidates. Pairs and swaps bring in only the :data:`PAIR_POOL`
+        outside agents whose single addition scored best, so a round costs ``O(|A|)``."""
         budget = max(16, len(active) ** 2)
         evals = 0
         best = score(current)
         assert best is not None
         cur = set(current)
 
-        def better(cands: Iterable[tuple[str, ...]]) -> _Pack | None:
+        def scored(cands: Iterable[tuple[str, ...]]) -> list[_Pack]:
             nonlocal evals
-            top = None
+            out = []
             for agents in cands:
                 if evals >= budget:
                     break
                 evals += 1
                 p = score(agents)
-                if p is not None and p.score > best.score + 1e-9 and p.beats(top):
-                    top = p
-            return top
+                if p is not None:
+                    out.append(p)
+            return out
+
+        def top(packs: list[_Pack]) -> _Pack | None:
+            pick = None
+            for p in packs:
+                if p.score > best.score + 1e-9 and p.beats(pick):
+                    pick = p
+            return pick
 
         while evals < budget:
             outside = [a for a in active if a not in cur]
             inside = sorted(cur)
-            step = better(tuple(sorted(cur | {a})) for a in outside)
+            singles = scored(tuple(sorted(cur | {a})) for a in outside)
+            step = top(singles)
             if step is None:
-                step = better(
-                    tuple(sorted(cur | set(pair))) for pair in itertools.combinations(outside, 2)
-                )
-            if step is None:
-                drops = (tuple(a for a in inside if a != x) for x in inside)
-                swaps = (tuple(sorted((cur - {x}) | {y})) for x in inside for y in outside)
-                step = better(itertools.chain(drops, swaps))
+                ranked = sorted(singles, key=lambda p: -p.score)[:PAIR_POOL]
+                pool = sorted({a for p in ranked for a in p.agents} - cur)
+                pairs = (tuple(sorted(cur | set(pair))) for pair in itertools.combinations(pool, 2))
+                step = top(scored(pairs))
+                if step is None:
+                    drops = (tuple(a for a in inside if a != x) for x in inside)
+                    swaps = (tuple(sorted((cur - {x}) | {y})) for x in inside for y in pool)
+                    step = top(scored(itertools.chain(drops, swaps)))
             if step is None:
                 break
             best, cur = step, set(step.agents)
