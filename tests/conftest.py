@@ -73,6 +73,32 @@ def make(
     )
 
 
+def jcts_across_processes(tmp_path, inst: Instance, spec: str, hash_seeds=("1", "2")):
+    """The per-task JCTs of ``topas simulate INSTANCE --policy SPEC`` run in a fresh process
+    per ``PYTHONHASHSEED``: string hashing, so the order of a set of names, differs between
+    them, and no decision may depend on it."""
+    import json
+    import subprocess
+    import sys
+
+    from topas.instance import save_instance
+
+    inst_file = tmp_path / "i.json"
+    save_instance(inst, inst_file)
+    docs = []
+    for hash_seed in hash_seeds:
+        out = tmp_path / f"r{hash_seed}.json"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        cmd = [sys.executable, "-m", "topas.cli", "simulate", str(inst_file), "--policy", spec]
+        run = subprocess.run(
+            [*cmd, "--out", str(out), "--no-progress"],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        docs.append(json.loads(out.read_text())["jct"])
+    return docs
+
+
 @st.composite
 def random_instances(
     draw,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import kv_of, make, random_instances, stage, task
+from conftest import jcts_across_processes, kv_of, make, random_instances, stage, task
 from hypothesis import given
 
 from topas.heuristic import TOPAS
@@ -419,27 +419,10 @@ def test_order_is_lazy_but_exact():
 def test_runs_repeat_across_processes(tmp_path):
     # string hashing differs between processes (PYTHONHASHSEED): no decision may depend on
     # the iteration order of a set of names, or results would not repeat
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from topas.instance import save_instance
     from topas.workloads import generate
 
-    inst_file = tmp_path / "i.json"
-    save_instance(generate("mixed", num_tasks=300, seed=1, load=1.2), inst_file)
-    docs = []
-    for hash_seed in ("1", "2", "3"):
-        out = tmp_path / f"r{hash_seed}.json"
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        cmd = [sys.executable, "-m", "topas.cli", "simulate", str(inst_file)]
-        run = subprocess.run(
-            [*cmd, "--policy", "topas", "--out", str(out), "--no-progress"],
-            env=env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stderr
-        docs.append(json.loads(out.read_text())["jct"])
+    inst = generate("mixed", num_tasks=300, seed=1, load=1.2)
+    docs = jcts_across_processes(tmp_path, inst, "topas", ("1", "2", "3"))
     assert docs[0] == docs[1] == docs[2]
 
 

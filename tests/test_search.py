@@ -5,13 +5,9 @@ model, determinism across processes, and the model's invariants under hypothesis
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import make, random_instances, stage, task
+from conftest import jcts_across_processes, make, random_instances, stage, task
 from hypothesis import given, settings
 from test_policies import make_resident, ready, released
 
@@ -207,22 +203,10 @@ def test_completes_the_paper_workloads_and_repeats():
 
 def test_runs_repeat_across_processes(tmp_path):
     # no decision may depend on the iteration order of a set of names (PYTHONHASHSEED)
-    from topas.instance import save_instance
     from topas.workloads import generate
 
-    inst_file = tmp_path / "i.json"
-    save_instance(generate("dag-4", num_tasks=40, seed=1001, load=1.2), inst_file)
-    docs = []
-    for hash_seed in ("1", "2"):
-        out = tmp_path / f"r{hash_seed}.json"
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        cmd = [sys.executable, "-m", "topas.cli", "simulate", str(inst_file)]
-        run = subprocess.run(
-            [*cmd, "--policy", "topas-search", "--out", str(out), "--no-progress"],
-            env=env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stderr
-        docs.append(json.loads(out.read_text())["jct"])
+    inst = generate("dag-4", num_tasks=40, seed=1001, load=1.2)
+    docs = jcts_across_processes(tmp_path, inst, "topas-search")
     assert docs[0] == docs[1]
 
 

@@ -40,10 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from topas.instance import StageRef
-from topas.policies.base import Policy, PolicyContext
+from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.scoreboard import Scoreboard
 from topas.state import Decision, Phase, PrefixStatus, State
-from topas.timing import predicted_load_s, predicted_service_s
 
 
 @dataclass
@@ -133,10 +132,7 @@ class TOPAS(Policy):
         self._stale: dict[str, None] = {}  # tasks whose agents' residency changed, in order
         self._synced: State | None = None  # the state of the last sync, and its newest stamp
         self._synced_epoch = 0
-        self._svc: dict[StageRef, float] = {}
-        self._load_s: dict[str, float] = {}
-        self._mean_svc = 0.0
-        self._n_svc = 0
+        self._pred = Predictions(ctx)
         self._mean_path = 0.0  # mean predicted critical path of the tasks seen (no loads)
         self._n_path = 0
         self._board: Scoreboard | None = None
@@ -147,23 +143,14 @@ class TOPAS(Policy):
     # ------------------------------------------------------------------ estimates
 
     def _service(self, state: State, ref: StageRef) -> float:
-        s = self._svc.get(ref)
-        if s is None:
-            info = state.stage(ref)
-            s = predicted_service_s(
-                self.ctx.server, self.ctx.timing, info.input_tokens, info.predicted_output
-            )
-            self._svc[ref] = s
-            self._n_svc += 1
-            self._mean_svc += (s - self._mean_svc) / self._n_svc
-        return s
+        return self._pred.service(state, ref)
 
     def _load(self, state: State, agent: str) -> float:
-        s = self._load_s.get(agent)
-        if s is None:
-            tokens = state.prefixes[agent].tokens
-            s = self._load_s[agent] = predicted_load_s(self.ctx.server, self.ctx.timing, tokens)
-        return s
+        return self._pred.load(state, agent)
+
+    @property
+    def _mean_svc(self) -> float:
+        return self._pred.mean_service
 
     def _age_scale(self) -> float:
         return self.age_scale or max(self._mean_path, 1e-9)

@@ -56,9 +56,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from topas.instance import StageRef
-from topas.policies.base import Policy, PolicyContext
+from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.state import Decision, Phase, PrefixStatus, State
-from topas.timing import predicted_load_s, predicted_service_s
+from topas.timing import predicted_service_s
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
 
@@ -317,10 +317,7 @@ class TOPASSearch(Policy):
         if self.enumerate_max < 0 or self.max_changes < 1:
             raise ValueError("enumerate_max must be >= 0 and max_changes >= 1")
         self.model = ServiceModel()
-        self._svc: dict[StageRef, float] = {}
-        self._load_s: dict[str, float] = {}
-        self._mean_svc = 0.0
-        self._n_svc = 0
+        self._pred = Predictions(ctx)
         self._mean_path = 0.0
         self._paths: dict[str, float] = {}
         self._cache: dict[str, tuple[tuple, _Analysis]] = {}
@@ -331,24 +328,15 @@ class TOPASSearch(Policy):
     # ------------------------------------------------------------------ estimates
 
     def _service(self, state: State, ref: StageRef) -> float:
-        s = self._svc.get(ref)
-        if s is None:
-            info = state.stage(ref)
-            s = predicted_service_s(
-                self.ctx.server, self.ctx.timing, info.input_tokens, info.predicted_output
-            )
-            self._svc[ref] = s
-            self._n_svc += 1
-            self._mean_svc += (s - self._mean_svc) / self._n_svc
-        return s
+        return self._pred.service(state, ref)
 
     def _cost(self, state: State, agent: str) -> float:
         """c(a): seconds to bring the prefix back (a swap, or its recompute)."""
-        s = self._load_s.get(agent)
-        if s is None:
-            tokens = state.prefixes[agent].tokens
-            s = self._load_s[agent] = predicted_load_s(self.ctx.server, self.ctx.timing, tokens)
-        return s
+        return self._pred.load(state, agent)
+
+    @property
+    def _mean_svc(self) -> float:
+        return self._pred.mean_service
 
     def _register(self, state: State, tid: str) -> None:
         """Predicted services of a new task and its critical path (for ``H_age``)."""
@@ -376,7 +364,7 @@ class TOPASSearch(Policy):
         key = (state.task_epoch[tid], self.model.version)
         cached = self._cache.get(tid)
         if cached is None or cached[0] != key:
-            an = _analyse(state, tid, self._svc, self.model)
+            an = _analyse(state, tid, self._pred.service_of, self.model)
             an.share = self._share(an, max(self._mean_svc, 1e-9))
             an.next_hop = _task_next_hops(state, tid)
             cached = (key, an)
@@ -393,9 +381,9 @@ class TOPASSearch(Policy):
         if len(self._paths) > 4 * max(16, len(state.tasks)):
             self._paths = {t: p for t, p in self._paths.items() if t in state.tasks}
             self._cache = {t: c for t, c in self._cache.items() if t in state.tasks}
-            self._svc = {r: s for r, s in self._svc.items() if r[0] in state.tasks}
+            self._pred.keep_tasks(state.tasks)
             self._credit = {r: c for r, c in self._credit.items() if r in state.running}
-        self.model.learn(state, self._svc)
+        self.model.learn(state, self._pred.service_of)
         prefixes = state.prefixes
         rnd = _Round(
             free=state.free_kv,

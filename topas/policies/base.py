@@ -9,6 +9,7 @@ from typing import Any
 
 from topas.instance import ServerSpec, StageRef
 from topas.state import Decision, Planner, State
+from topas.timing import predicted_load_s, predicted_service_s
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,42 @@ class Policy:
     def spec(self) -> str:
         """The spec string that rebuilds this policy."""
         return self.name
+
+
+class Predictions:
+    """A policy's predicted stage services and prefix-load times (seconds), computed once
+    per stage and per agent from what a policy may see, with the running mean of the stage
+    services predicted so far (``mean_service``, over stages in first-seen order)."""
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+        self.service_of: dict[StageRef, float] = {}
+        self._load: dict[str, float] = {}
+        self.mean_service = 0.0
+        self._count = 0
+
+    def service(self, state: State, ref: StageRef) -> float:
+        s = self.service_of.get(ref)
+        if s is None:
+            info = state.stage(ref)
+            s = predicted_service_s(
+                self.ctx.server, self.ctx.timing, info.input_tokens, info.predicted_output
+            )
+            self.service_of[ref] = s
+            self._count += 1
+            self.mean_service += (s - self.mean_service) / self._count
+        return s
+
+    def load(self, state: State, agent: str) -> float:
+        s = self._load.get(agent)
+        if s is None:
+            tokens = state.prefixes[agent].tokens
+            s = self._load[agent] = predicted_load_s(self.ctx.server, self.ctx.timing, tokens)
+        return s
+
+    def keep_tasks(self, live: dict[str, object]) -> None:
+        """Forget the stages of tasks not in ``live`` (the mean is kept)."""
+        self.service_of = {r: s for r, s in self.service_of.items() if r[0] in live}
 
 
 def admit_in_order(
