@@ -215,3 +215,37 @@ def test_bad_parameters_are_refused():
         ready(
             "topas-search:search=best", make({"A": 10}, [task("t", 0, stage("s", "A", 1, 1))], 30)
         )
+
+
+def test_lp_error_script_hand_checked():
+    # analysis/lp_error.py: the vectorised longest path of a diamond a -> {b, c} -> d with
+    # services 1, 5, 2, 1 is 1 + 5 + 1 = 7; with no noise the approximation equals Monte
+    # Carlo, so the error is 0
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from topas.instance import Stage, Task
+    from topas.workloads import generate
+
+    root = Path(__file__).resolve().parents[1] / "analysis"
+    sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location("lp_error", root / "lp_error.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = Task(
+        "t",
+        0.0,
+        (
+            Stage("a", "x", 1, 1),
+            Stage("b", "x", 1, 1, ("a",)),
+            Stage("c", "x", 1, 1, ("a",)),
+            Stage("d", "x", 1, 1, ("b", "c")),
+        ),
+    )
+    assert mod.longest_paths(t, np.array([[1.0, 5.0, 2.0, 1.0]])).tolist() == [7.0]
+    inst = generate("dag-4", num_tasks=2, seed=1000)
+    err = mod.task_errors(inst.tasks[0], inst.server, 1e-9, 50, np.random.default_rng(0))
+    assert abs(err) < 1e-6
