@@ -249,3 +249,25 @@ def test_lp_error_script_hand_checked():
     inst = generate("dag-4", num_tasks=2, seed=1000)
     err = mod.task_errors(inst.tasks[0], inst.server, 1e-9, 50, np.random.default_rng(0))
     assert abs(err) < 1e-6
+
+
+def test_a_starving_stage_is_not_left_behind_in_a_memory_bound_stream():
+    # analysis/starvation.py's memory-bound stream: the cold stage needs its prefix and
+    # the memory of six hot stages. Without the reservation its JCT grows with the stream
+    # like lpm's; with it (reserve=2, the default) it stays within 1.5x of the shortest's.
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "analysis" / "starvation.py"
+    spec = importlib.util.spec_from_file_location("starvation", path)
+    starvation = importlib.util.module_from_spec(spec)
+    sys.modules["starvation"] = starvation
+    spec.loader.exec_module(starvation)
+    rows = starvation.run_starvation(
+        (160, 640), ("topas-search", "topas-search:reserve=0"), seeds=(0,), bounds=("memory",)
+    )
+    flat = starvation.growth(rows, "topas-search", "cold_jct_s")
+    starved = starvation.growth(rows, "topas-search:reserve=0", "cold_jct_s")
+    assert flat[640] <= 1.5
+    assert starved[640] >= 0.75 * 4  # proportional to the stream: 4x as long

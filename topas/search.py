@@ -37,6 +37,12 @@ pairs, then repairs by dropping and swapping, within ``|A|^2`` candidates. Retra
 (when decode memory runs out) takes the running stage whose loss ``J_redo + J_revoke``
 (decoded tokens times a decode step, plus the admission credit) is least.
 
+Starvation: a task that has waited ``reserve`` times the mean age of the released tasks
+(and at least ``H_age``) and whose stage the search left out gets the next decision to
+itself: its prompt kept, unused ones evicted if that makes it fit, nothing else admitted
+until it runs (the paper's log aging alone does not bound the wait of a stage that needs
+memory the others keep taking). This is an addition to the paper's description.
+
 Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
 fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
 
@@ -306,6 +312,7 @@ class TOPASSearch(Policy):
     drain_discount: bool = True  # drained memory counts at max(0, 1 - T / D), else fully
     smith: bool = True  # pack order: progress per second of the task's remaining path
     additive: bool = False  # pack order: aging added to the Smith ratio, not multiplied
+    reserve: float = 2.0  # a task this many mean ages old (and >= H_age) blocks the others
     name = "topas-search"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -634,6 +641,9 @@ class TOPASSearch(Policy):
     def decide(self, state: State) -> Decision:
         rnd = self._round(state)
         best = self._search(state, rnd)
+        starving = self._starving(state)
+        if starving is not None and starving not in best.admitted:
+            return self._reserve_for(state, rnd, starving)
         keep = set(best.agents)
         plan = state.plan()
         for a in sorted(rnd.status):
@@ -657,6 +667,31 @@ class TOPASSearch(Policy):
             admit=decision.admit,
             held=held,
         )
+
+    def _starving(self, state: State) -> StageRef | None:
+        """The oldest task's first waiting stage, if the task has waited ``reserve`` times
+        the mean age of the released tasks and at least ``H_age``: an outlier the flow
+        keeps leaving behind (a stage that needs memory the others keep taking)."""
+        if not self.reserve or not state.waiting:
+            return None
+        ref = min(state.waiting, key=lambda r: (state.tasks[r[0]].release, r))
+        age = state.age(ref[0])
+        scale = self.age_scale or max(self._mean_path, 1e-9)
+        mean_age = sum(state.age(t) for t in state.tasks) / len(state.tasks)
+        return ref if age >= scale and age >= self.reserve * mean_age else None
+
+    def _reserve_for(self, state: State, rnd: _Round, ref: StageRef) -> Decision:
+        """The starving stage alone: its agent kept, every other unused prompt evicted if
+        that makes it fit; nothing else admitted until it runs (running stages free the
+        memory), so it cannot wait for ever."""
+        plan = state.plan()
+        agent = state.agent_of(ref)
+        if not plan.try_admit(ref, [a for a in state.evictable() if a != agent]):
+            plan = state.plan()  # it does not fit yet: evict nothing, admit nothing
+        self._kept = (agent,)
+        held = tuple(r for a in sorted(rnd.queues) for r in rnd.queues[a] if r != ref)
+        d = plan.decision()
+        return Decision(evict=d.evict, load=d.load, admit=d.admit, held=held)
 
     # ------------------------------------------------------------------ retention, retraction
 
