@@ -1,14 +1,14 @@
 """Error of topas-search's E[longest path] approximation against Monte Carlo.
 
 ``topas-search`` (topas/search.py) takes a task's expected longest remaining path
-``E[LP(G, Z)]`` as the mean, over the quantiles ``QUANTILES``, of the longest path with
-every stage's service scaled by its (agent, role) ratio at that quantile: comonotone
-scenarios, one longest-path pass each. This script measures how far that is from the
-Monte-Carlo estimate with independent per-stage ratios, when actual / predicted service
-is log-normal(0, sigma) (the shape of ``--prediction-error``): for every task of a
-generated instance, with every stage waiting,
-
-    error = approximation / Monte Carlo - 1.
+``E[LP(G, Z)]`` as the mean over ``SCENARIOS`` scenarios of the longest path, each stage's
+service scaled by its learned ratio at a stratified level of its own
+(``scenario_levels``). This script measures how far that is from the Monte-Carlo estimate
+with independent per-stage ratios, when actual / predicted service is log-normal(0,
+sigma) (the shape of ``--prediction-error``), for every task of a generated instance with
+every stage waiting (``error = approximation / Monte Carlo - 1``), and does the same for
+the first version's comonotone scenarios (one ratio per (agent, role) at each of the
+quantiles 0.1, 0.3, ..., 0.9), which it replaced.
 
     python analysis/lp_error.py [--workloads dag-4,dag-10-wide,metagpt-sop,metagpt-tl]
         [--sigmas 0.25,0.5,1.0] [--tasks 40] [--samples 4000] [--seed 1000]
@@ -32,7 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
 from topas.instance import Task  # noqa: E402
-from topas.search import QUANTILES, role_of  # noqa: E402
+from topas.search import SCENARIOS, role_of, scenario_levels  # noqa: E402
+
+COMONOTONE = (0.1, 0.3, 0.5, 0.7, 0.9)
+"""The quantiles of the first version's scenarios (comonotone: every stage at the same)."""
 from topas.timing import predicted_service_s  # noqa: E402
 from topas.workloads import generate  # noqa: E402
 
@@ -50,23 +53,28 @@ def longest_paths(task: Task, services: np.ndarray) -> np.ndarray:
     return finish.max(axis=1)
 
 
-def task_errors(task: Task, server, sigma: float, samples: int, rng: np.random.Generator) -> float:
-    """approximation / Monte Carlo - 1 for one task."""
+def task_errors(
+    task: Task, server, sigma: float, samples: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """``(stratified, comonotone)``: each approximation / Monte Carlo - 1 for one task."""
     base = np.array(
         [
             predicted_service_s(server, "calibrated", s.input_tokens, s.output_tokens)
             for s in task.stages
         ]
     )
-    keys = [(s.agent, role_of(s.id)) for s in task.stages]
-    # Monte Carlo: an independent ratio per stage
     ratios = rng.lognormal(0.0, sigma, size=(samples, len(base)))
     mc = float(longest_paths(task, base * ratios).mean())
-    # the approximation: per quantile, one ratio per (agent, role), the same for its stages
-    q = np.array([math.exp(sigma * NormalDist().inv_cdf(p)) for p in QUANTILES])
-    scen = np.array([[q[k] for _ in keys] for k in range(len(q))])
-    approx = float(longest_paths(task, base * scen).mean())
-    return approx / mc - 1.0
+    inv = NormalDist().inv_cdf
+    levels = np.array([scenario_levels(task.id, s.id) for s in task.stages]).T  # S x stages
+    strat = np.exp(sigma * np.vectorize(inv)(levels))
+    q = np.array([math.exp(sigma * inv(p)) for p in COMONOTONE])
+    keys = [(s.agent, role_of(s.id)) for s in task.stages]
+    como = np.array([[q[k] for _ in keys] for k in range(len(q))])
+    return (
+        float(longest_paths(task, base * strat).mean()) / mc - 1.0,
+        float(longest_paths(task, base * como).mean()) / mc - 1.0,
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -89,24 +97,30 @@ def main(argv: Sequence[str]) -> int:
         inst = generate(w, num_tasks=tasks, seed=seed)
         for sigma in sigmas:
             rng = np.random.default_rng([seed, round(sigma * 1000)])
-            errs = np.array([task_errors(t, inst.server, sigma, samples, rng) for t in inst.tasks])
-            a = np.abs(errs) * 100
-            rows.append(
-                [w, f"{sigma:g}", f"{a.mean():.1f}", f"{np.percentile(a, 90):.1f}",
-                 f"{a.max():.1f}", f"{errs.mean() * 100:+.1f}"]
-            )  # fmt: skip
+            both = np.array([task_errors(t, inst.server, sigma, samples, rng) for t in inst.tasks])
+            row = [w, f"{sigma:g}"]
+            for errs in (both[:, 0], both[:, 1]):
+                a = np.abs(errs) * 100
+                row += [f"{a.mean():.1f}", f"{np.percentile(a, 90):.1f}", f"{a.max():.1f}",
+                        f"{errs.mean() * 100:+.1f}"]  # fmt: skip
+            rows.append(row)
     command = shlex.join(["python", "analysis/lp_error.py", *argv])
+    stats = ["mean abs %", "p90 abs %", "max abs %", "mean signed %"]
     table = ex.md_table(
-        ["workload", "sigma", "mean abs error %", "p90 %", "max %", "mean signed %"], rows
-    )
+        ["workload", "sigma", *(f"stratified: {x}" for x in stats),
+         *(f"comonotone: {x}" for x in stats)],
+        rows,
+    )  # fmt: skip
     text = (
         "# E[longest path]: quantile scenarios against Monte Carlo\n\n"
         f"Command: `{command}`\n\n"
         f"{tasks} tasks per workload (seed {seed}), every stage waiting; services are the "
         "calibrated predictions times log-normal(0, sigma) ratios; Monte Carlo with "
-        f"{samples} independent samples per task; the approximation averages the longest "
-        f"path over the quantiles {', '.join(f'{q:g}' for q in QUANTILES)} with one ratio "
-        "per (agent, role). Negative: the approximation is lower.\n\n" + table + "\n"
+        f"{samples} independent samples per task. Stratified (topas-search): the mean over "
+        f"{SCENARIOS} scenarios, each stage at its own stratified level; comonotone (the "
+        "first version): the mean over the quantiles "
+        f"{', '.join(f'{q:g}' for q in COMONOTONE)}, one ratio per (agent, role). "
+        "Negative: the approximation is lower.\n\n" + table + "\n"
     )
     ex.write_outputs(out, {"summary.md": text})
     print(text, end="")

@@ -13,7 +13,14 @@ from test_policies import make_resident, ready, released
 
 from topas.policies import make_policy
 from topas.schedule import evaluate
-from topas.search import QUANTILES, ServiceModel, TOPASSearch, longest_path, role_of
+from topas.search import (
+    SCENARIOS,
+    ServiceModel,
+    TOPASSearch,
+    longest_path,
+    role_of,
+    scenario_levels,
+)
 from topas.simulator import simulate
 from topas.state import Decision, apply_inplace
 from topas.verify import verify_step
@@ -155,13 +162,24 @@ def test_role_strips_the_index():
 
 def test_service_model_prior_then_learned_quantiles():
     model = ServiceModel()
-    assert model.ratios(("a", "r")) == tuple(1.0 for _ in QUANTILES)  # the prior
-    for x in [2.0] * 40:
+    assert model.ratio(("a", "r"), 0.3) == 1.0  # the prior: the prediction
+    for x in (2.0, 3.0, 4.0):
         model.observe(("a", "r"), x)
+    assert model.ratio(("a", "r"), 0.5) == 1.0  # not refreshed yet: scenarios are stable
     model._refresh()
-    # 41 samples: the prior 1.0 and forty 2.0; the 10% quantile sits at position 4: 2.0
-    assert model.ratios(("a", "r")) == tuple(2.0 for _ in QUANTILES)
-    assert model.ratios(("b", "r")) == tuple(1.0 for _ in QUANTILES)
+    # samples 1.0 (the prior), 2, 3, 4: the median interpolates between 2 and 3
+    assert model.ratio(("a", "r"), 0.5) == 2.5
+    assert model.ratio(("a", "r"), 0.0) == 1.0 and model.ratio(("a", "r"), 1.0) == 4.0
+    assert model.ratio(("b", "r"), 0.5) == 1.0
+
+
+def test_scenario_levels_are_stratified_and_differ_between_stages():
+    a, b = scenario_levels("t0", "s1"), scenario_levels("t0", "s2")
+    assert len(a) == SCENARIOS and a != b
+    for levels in (a, b):  # one level in each stratum [j/S, (j+1)/S), in some order
+        strata = sorted(int(u * SCENARIOS) for u in levels)
+        assert strata == list(range(SCENARIOS))
+    assert scenario_levels("t0", "s1") == a  # fixed per stage
 
 
 def test_longest_path_defers_the_stages_not_started():
@@ -247,8 +265,8 @@ def test_lp_error_script_hand_checked():
     )
     assert mod.longest_paths(t, np.array([[1.0, 5.0, 2.0, 1.0]])).tolist() == [7.0]
     inst = generate("dag-4", num_tasks=2, seed=1000)
-    err = mod.task_errors(inst.tasks[0], inst.server, 1e-9, 50, np.random.default_rng(0))
-    assert abs(err) < 1e-6
+    errs = mod.task_errors(inst.tasks[0], inst.server, 1e-9, 50, np.random.default_rng(0))
+    assert max(abs(e) for e in errs) < 1e-6
 
 
 def test_a_starving_stage_is_not_left_behind_in_a_memory_bound_stream():

@@ -22,8 +22,10 @@ its prefill with recompute (``timing.predicted_load_s``). ``Delta(r)`` is the st
 share of the cut in its task's expected longest remaining path ``L_i`` when the task's
 waiting stages start now rather than a deferral ``D`` (the mean predicted stage service)
 later: one of several parallel siblings alone cuts nothing, all of them together do, so
-each gets an equal share. ``L_i`` is the mean over :data:`QUANTILES` of the longest path
-with stage services scaled by the learned ratios of :class:`ServiceModel`. ``n_a``
+each gets an equal share. ``L_i`` is the mean over :data:`SCENARIOS` scenarios of the
+longest path with each stage's service scaled by a ratio drawn from the learned
+distribution of :class:`ServiceModel` at a stratified level of its own
+(:func:`scenario_levels`: independent across stages, fixed per stage, so deterministic). ``n_a``
 counts the next-hop stages of agent ``a``: not yet ready, every unfinished predecessor
 running.
 
@@ -54,9 +56,11 @@ iteration order of a set, so every tensor-parallel rank of a server decides alik
 from __future__ import annotations
 
 import bisect
+import hashlib
 import heapq
 import itertools
 import math
+import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,9 +72,24 @@ from topas.timing import predicted_service_s
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
 
-QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
-"""The scenarios of :class:`ServiceModel`: ``E[LP]`` is the mean of the longest path
-under each quantile of the learned service ratios (see docs/topas.md for its error)."""
+SCENARIOS = 8
+"""Scenarios of the stage services behind ``E[LP]`` (analysis/lp_error.py measures the
+error against Monte Carlo)."""
+
+
+def scenario_levels(tid: str, sid: str) -> tuple[float, ...]:
+    """The quantile levels of one stage's service ratio, one per scenario: a Latin
+    hypercube. Each stage takes every stratum ``[j/S, (j+1)/S)`` once, in an order and at an
+    offset drawn from a generator seeded by a hash of its name (blake2b, the same in every
+    process), so stages are independent of each other (a common order would make them
+    comonotone) and a decision never depends on the process."""
+    digest = hashlib.blake2b(f"{tid}\x00{sid}".encode(), digest_size=8).digest()
+    rng = random.Random(int.from_bytes(digest, "big"))
+    order = list(range(SCENARIOS))
+    rng.shuffle(order)
+    h = rng.random()
+    return tuple((j + h) / SCENARIOS for j in order)
+
 
 MODEL_REFRESH = 32
 """New observations between two refreshes of the scenario ratios (cached analyses are
@@ -103,7 +122,7 @@ class ServiceModel:
     Learned online from the finished stages a policy sees (``State.done_service``); the
     prediction is the prior (one pseudo-observation of ratio 1), so before any data every
     scenario is the prediction. :meth:`ratios` gives, per key, the ratio at each of the
-    :data:`QUANTILES`.
+    quantile level (:meth:`ratio`).
     """
 
     def __init__(self) -> None:
@@ -112,7 +131,7 @@ class ServiceModel:
         self._seen: set[StageRef] = set()
         self._pending = 0
         self.version = 0
-        self._ratios: dict[tuple[str, str], tuple[float, ...]] = {}
+        self._snapshot: dict[tuple[str, str], tuple[float, ...]] = {}
 
     def observe(self, key: tuple[str, str], ratio: float) -> None:
         recent = self._recent.setdefault(key, [])
@@ -142,16 +161,13 @@ class ServiceModel:
     def _refresh(self) -> None:
         self._pending = 0
         self.version += 1
-        self._ratios = {
-            key: tuple(_quantile(samples, q) for q in QUANTILES)
-            for key, samples in sorted(self._samples.items())
-        }
+        self._snapshot = {key: tuple(samples) for key, samples in sorted(self._samples.items())}
 
-    def ratios(self, key: tuple[str, str]) -> tuple[float, ...]:
-        return self._ratios.get(key, _ONES)
-
-
-_ONES = tuple(1.0 for _ in QUANTILES)
+    def ratio(self, key: tuple[str, str], level: float) -> float:
+        """The learned ratio of ``key`` at quantile ``level`` (1, the prediction, before
+        any refresh saw data for it)."""
+        samples = self._snapshot.get(key)
+        return 1.0 if samples is None else _quantile(samples, level)
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -183,7 +199,7 @@ def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceM
     info = state.tasks[tid]
     phase = state.phase
     order = info.topo_order
-    k = len(QUANTILES)
+    k = SCENARIOS
     own: dict[str, list[float]] = {}
     for sid in order:
         ref = (tid, sid)
@@ -191,9 +207,9 @@ def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceM
         if ph is Phase.DONE:
             continue
         st = info.stages[sid]
-        ratios = model.ratios((st.agent, role_of(sid)))
+        key = (st.agent, role_of(sid))
         base = svc[ref]
-        o = [base * r for r in ratios]
+        o = [base * model.ratio(key, u) for u in scenario_levels(tid, sid)]
         if ph is Phase.RUNNING:
             run = state.running[ref]
             if run.started_at is not None:
