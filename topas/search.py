@@ -341,7 +341,8 @@ class TOPASSearch(Policy):
             raise ValueError("enumerate_max must be >= 0 and max_changes >= 1")
         self.model = ServiceModel()
         self._pred = Predictions(ctx)
-        self._mean_path = 0.0
+        self._mean_path = 0.0  # mean predicted critical path of the tasks seen (H_age)
+        self._n_paths = 0
         self._paths: dict[str, float] = {}
         self._cache: dict[str, tuple[tuple, _Analysis]] = {}
         self._credit: dict[StageRef, float] = {}
@@ -371,7 +372,8 @@ class TOPASSearch(Policy):
             tail[sid] = own + max((tail[c] for c in s.children), default=0.0)
         path = max(tail.values(), default=0.0)
         self._paths[tid] = path
-        self._mean_path += (path - self._mean_path) / len(self._paths)
+        self._n_paths += 1  # not len(self._paths): finished tasks are pruned from it
+        self._mean_path += (path - self._mean_path) / self._n_paths
 
     def _weight(self, state: State, tid: str) -> float:
         """g_i(t) = 1 + rho * log(1 + age / H_age)."""
