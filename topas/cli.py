@@ -1,4 +1,4 @@
-"""The ``topas`` command line: generate, simulate, compare, demo.
+"""The ``topas`` command line: generate, workloads, profiles, simulate, compare, oracle, gap, demo.
 
 Bad input (a malformed instance, an unknown policy or parameter) prints one line
 ``topas: error: ...`` and exits with status 2, without a traceback and without
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="write a workload instance file")
-    g.add_argument("workload", help="chain, fanout, mixed, metagpt-sop or metagpt-tl")
+    g.add_argument("workload", help="a workload family (see `topas workloads`)")
     g.add_argument("-o", "--out", required=True, help="instance file to write")
     g.add_argument("--tasks", type=int, default=100, help="number of tasks (default 100)")
     g.add_argument("--seed", type=int, default=0)
