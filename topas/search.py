@@ -95,6 +95,10 @@ MODEL_REFRESH = 32
 """New observations between two refreshes of the scenario ratios (cached analyses are
 keyed by the refresh count, so refreshing at every completion would redo them all)."""
 
+REFRESH_BUDGET = 32
+"""Tasks re-analysed per decision because the service model changed (those whose own
+stages changed always are): a refresh would otherwise re-analyse every task at once."""
+
 MAX_SAMPLES = 256
 """Observations kept per (agent, role): the most recent ones."""
 
@@ -344,7 +348,8 @@ class TOPASSearch(Policy):
         self._mean_path = 0.0  # mean predicted critical path of the tasks seen (H_age)
         self._n_paths = 0
         self._paths: dict[str, float] = {}
-        self._cache: dict[str, tuple[tuple, _Analysis]] = {}
+        self._cache: dict[str, tuple[int, int, _Analysis]] = {}  # task -> epoch, model, view
+        self._refresh_left = REFRESH_BUDGET
         self._credit: dict[StageRef, float] = {}
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
@@ -386,16 +391,22 @@ class TOPASSearch(Policy):
         got = memo.get(tid)
         if got is not None:
             return got
-        key = (state.task_epoch[tid], self.model.version)
+        epoch, version = state.task_epoch[tid], self.model.version
         cached = self._cache.get(tid)
-        if cached is None or cached[0] != key:
+        stale = cached is not None and cached[0] == epoch and cached[1] != version
+        if stale and self._refresh_left > 0:
+            self._refresh_left -= 1
+        elif stale:
+            memo[tid] = cached[2]  # the model changed; this task's turn comes later
+            return cached[2]
+        if cached is None or cached[0] != epoch or cached[1] != version:
             an = _analyse(state, tid, self._pred.service_of, self.model)
             an.share = self._share(an, max(self._mean_svc, 1e-9))
             an.next_hop = _task_next_hops(state, tid)
-            cached = (key, an)
+            cached = (epoch, version, an)
             self._cache[tid] = cached
-        memo[tid] = cached[1]
-        return cached[1]
+        memo[tid] = cached[2]
+        return cached[2]
 
     # ------------------------------------------------------------------ one round
 
@@ -409,6 +420,7 @@ class TOPASSearch(Policy):
             self._pred.keep_tasks(state.tasks)
             self._credit = {r: c for r, c in self._credit.items() if r in state.running}
         self.model.learn(state, self._pred.service_of)
+        self._refresh_left = REFRESH_BUDGET
         prefixes = state.prefixes
         rnd = _Round(
             free=state.free_kv,
