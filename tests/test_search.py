@@ -5,6 +5,7 @@ model, determinism across processes, and the model's invariants under hypothesis
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from conftest import jcts_across_processes, make, random_instances, stage, task
@@ -289,3 +290,68 @@ def test_a_starving_stage_is_not_left_behind_in_a_memory_bound_stream():
     starved = starvation.growth(rows, "topas-search:reserve=0", "cold_jct_s")
     assert flat[640] <= 1.5
     assert starved[640] >= 0.75 * 4  # proportional to the stream: 4x as long
+
+
+# --------------------------------------------------------------------------- each term
+
+
+def test_each_term_has_its_sign_and_switch():
+    # The two-agent state of the drain tests, over the fast link: dropping B packs six of
+    # A's stages instead of two (one of A's and B's). Per term:
+    inst, state = two_agents(FAST_LINK)
+    policy = ready("topas-search", inst)
+    rnd = policy._round(state)
+    keep, drop = policy._pack(state, rnd, ("A", "B")), policy._pack(state, rnd, ("A",))
+    # J_admit (progress): more admitted progress scores more; progress=0 removes it, and
+    # then only J_move (dropping B costs c(B) for its waiting task) separates them
+    assert len(drop.admitted) == 6 and len(keep.admitted) == 2
+    assert drop.score > keep.score
+    off = ready("topas-search:progress=0", inst)
+    r0 = off._round(state)
+    c_b = r0.cost["B"]
+    assert off._pack(state, r0, ("A", "B")).score == 0.0
+    assert off._pack(state, r0, ("A",)).score == pytest.approx(-c_b)
+    # J_move: a higher weight costs the drop more, move=0 makes it free
+    heavy = ready("topas-search:move=1000", inst)
+    rh = heavy._round(state)
+    assert heavy._pack(state, rh, ("A",)).score == pytest.approx(drop.score + c_b - 1000 * c_b)
+    free = ready("topas-search:move=0", inst)
+    rf = free._round(state)
+    assert free._pack(state, rf, ("A",)).score == pytest.approx(drop.score + c_b)
+
+
+def test_aging_weights_old_tasks_and_switches_off():
+    # g_i(t) = 1 + rho * log(1 + age / H_age): 1 at age 0, growing with age; aging=0 -> 1
+    inst = make({"A": 10}, [task("t", 0, stage("s", "A", 5, 5))], capacity=100)
+    state = released(inst)
+    policy = ready("topas-search:aging=2,age_scale=10", inst)
+    assert policy._weight(state, "t") == 1.0
+    state.time = 10.0
+    assert policy._weight(state, "t") == pytest.approx(1 + 2 * math.log(2))
+    assert ready("topas-search:aging=0", inst)._weight(state, "t") == 1.0
+
+
+def test_retraction_takes_the_least_redo_plus_revoked_credit():
+    # J_redo = decoded tokens x one decode step; J_revoke = the credit stored at admission.
+    # Step model: one decode step = 1 s. r1 decoded 3 tokens (3 s to redo), r2 decoded 1
+    # but was admitted with a credit of 5 s: r1 loses 3, r2 loses 1 + 5 = 6, so r1 goes
+    # first; with revoke=0, r2 (1 s) goes first; with redo=0, r1 (credit 0) goes first.
+    inst = make(
+        {"A": 10},
+        [task("t1", 0, stage("r", "A", 5, 9)), task("t2", 0, stage("r", "A", 5, 9))],
+        capacity=100,
+    )
+    state = released(inst)
+    make_resident(state, "A")
+    apply_inplace(state, Decision(admit=(("t1", "r"), ("t2", "r"))))
+    state.running[("t1", "r")].generated = 3
+    state.running[("t2", "r")].generated = 1
+    cands = [("t1", "r"), ("t2", "r")]
+    for spec, first in (
+        ("topas-search", ("t1", "r")),
+        ("topas-search:revoke=0", ("t2", "r")),
+        ("topas-search:redo=0", ("t1", "r")),
+    ):
+        policy = ready(spec, inst)
+        policy._credit[("t2", "r")] = 5.0
+        assert policy.retraction_order(state, cands)[0] == first, spec
