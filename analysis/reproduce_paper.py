@@ -156,16 +156,23 @@ def map_budget(ratio: float, num_tasks: int, profile: str) -> int:
 # --------------------------------------------------------------------------- jobs
 
 
+def _job(cfg: Mapping[str, Any], workload: str, load: float, seed: int, spec: str, **extra: Any):  # type: ignore[no-untyped-def]
+    """One run: keyword arguments of ``experiments.run_point``, on the study's profile (so
+    a run two parts share is one job, and every part follows ``--profile``)."""
+    return {
+        "workload": workload,
+        "load": load,
+        "seed": seed,
+        "spec": spec,
+        "num_tasks": cfg["tasks"],
+        **extra,
+        **ex.profile_kwargs(cfg),
+    }
+
+
 def comparison_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
-        {
-            "workload": w,
-            "load": load,
-            "seed": s,
-            "spec": p,
-            "num_tasks": cfg["tasks"],
-            **ex.profile_kwargs(cfg),
-        }
+        _job(cfg, w, load, s, p)
         for w in cfg["workloads"]
         for load in cfg["loads"]
         for s in cfg["seeds"]
@@ -177,13 +184,7 @@ def ablation_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     if ABLATION_WORKLOAD not in cfg["workloads"]:
         return []
     return [
-        {
-            "workload": ABLATION_WORKLOAD,
-            "load": load,
-            "seed": s,
-            "spec": p,
-            "num_tasks": cfg["tasks"],
-        }
+        _job(cfg, ABLATION_WORKLOAD, load, s, p)
         for load in cfg["loads"]
         for s in cfg["seeds"]
         for p in (cfg["proposed"], cfg["topas_base"])
@@ -192,16 +193,15 @@ def ablation_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def map_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
-        {
-            "workload": MAP_WORKLOAD,
-            "load": load,
-            "seed": s,
-            "spec": p,
-            "num_tasks": cfg["tasks"],
-            "movement": movement,
-            "kv_capacity_tokens": cfg["map_kv"][f"{ratio:g}"],
-            **ex.profile_kwargs(cfg),
-        }
+        _job(
+            cfg,
+            MAP_WORKLOAD,
+            load,
+            s,
+            p,
+            movement=movement,
+            kv_capacity_tokens=cfg["map_kv"][f"{ratio:g}"],
+        )
         for movement in MOVEMENTS
         for ratio in cfg["ratios"]
         for load in cfg["loads"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from topas.instance import (
@@ -129,6 +129,10 @@ class ServerProfile:
         """``mu * l / B_swap``: the time to move ``tokens`` of prefix to or from the host."""
         return tokens * self.model.kv_bytes_per_token / self.host.bytes_per_s
 
+    def with_swap(self, bytes_per_s: float) -> ServerProfile:
+        """This profile over a host link of ``bytes_per_s`` (a ``--swap-gbps`` override)."""
+        return replace(self, host=replace(self.host, bytes_per_s=float(bytes_per_s)))
+
     def host_load(self) -> HostLoad:
         return HostLoad(tokens_per_s=self.swap_tokens_per_s)
 
@@ -153,8 +157,6 @@ class ServerProfile:
         problem. Without ``movement`` a server that swaps keeps swapping (at this
         profile's rate) and one that recomputes keeps recomputing.
         """
-        from dataclasses import replace
-
         if movement is None:
             movement = "swap" if isinstance(server.prefix_load, HostLoad) else "recompute"
         return replace(
@@ -180,13 +182,11 @@ def retime_instance(
     The KV budget, the agents and the tasks stay: they are the problem; the profile is how
     fast the server solves it. A server that recomputes prefixes keeps recomputing.
     """
-    from dataclasses import replace
-
     server = instance.server
     name = profile or (server.profile.name if server.profile else None) or DEFAULT_PROFILE
     prof = get_profile(name)
     if swap_bytes_per_s is not None:
-        prof = replace(prof, host=replace(prof.host, bytes_per_s=float(swap_bytes_per_s)))
+        prof = prof.with_swap(swap_bytes_per_s)
     return replace(instance, server=prof.retime(server))
 
 
@@ -251,8 +251,9 @@ def sglang_kv_tokens(
     SGLang (``model_runner.profile_max_num_token``) takes the memory still free after
     loading the weights and subtracts the share it keeps out of the static pool,
     ``gpu * (1 - mem_fraction_static)``; what remains is divided by the bytes of one
-    token's KV. ``other_bytes`` is what the process holds besides the weights when it
-    measures (CUDA context, NCCL and allocator overhead).
+    token's KV. ``gpu_bytes`` is the memory SGLang finds free before loading (the CUDA
+    context is already up then); ``other_bytes`` is what loading allocates besides the
+    weights (RoPE caches and the like).
     """
     rest = gpu_bytes * mem_fraction_static - weight_bytes - other_bytes
     if rest <= 0:

@@ -312,7 +312,6 @@ class _Round:
     drain_s: dict[str, float] = field(default_factory=dict)  # agent -> its last to finish
     rank: dict[StageRef, tuple] = field(default_factory=dict)  # pack order key per stage
     analyses: dict[str, _Analysis] = field(default_factory=dict)
-    share: dict[str, float] = field(default_factory=dict)  # task -> Delta of each waiting stage
 
 
 @dataclass
@@ -444,7 +443,7 @@ class TOPASSearch(Policy):
             if w is None:
                 w = rnd.weight[tid] = self._weight(state, tid)
             an = self._analysis(state, rnd.analyses, tid)
-            delta = rnd.share[tid] = an.share
+            delta = an.share
             agent = state.agent_of(ref)
             rnd.need[ref] = state.need(ref)
             # best first: age-weighted progress, then the shorter task (SRPT), then age
@@ -538,7 +537,7 @@ class TOPASSearch(Policy):
                     break
                 continue
             tid = ref[0]
-            value = rnd.weight[tid] * rnd.share[tid]
+            value = rnd.weight[tid] * rnd.analyses[tid].share
             slots -= 1
             if now:
                 credit[ref] = value
@@ -568,8 +567,7 @@ class TOPASSearch(Policy):
         several parallel siblings alone cuts nothing; all of them together do)."""
         if not an.tails:
             return 0.0
-        cut = longest_path(an, (), deferral) - longest_path(an, an.tails, deferral)
-        return cut / len(an.tails)
+        return (longest_path(an, (), deferral) - an.length) / len(an.tails)
 
     # ------------------------------------------------------------------ the search
 
@@ -578,8 +576,7 @@ class TOPASSearch(Policy):
         pool = set(rnd.queues) | {a for a, n in rnd.next_hop.items() if n}
         pool |= {a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT}
         active = sorted(pool)
-        current = tuple(a for a in active if rnd.status[a] is not PrefixStatus.ABSENT)
-        return active, current
+        return active, tuple(a for a in active if a in rnd.current)
 
     def _search(self, state: State, rnd: _Round) -> _Pack:
         active, current = self._candidates_agents(state, rnd)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from topas.instance import Agent, Instance, ServerSpec, Stage, StepCost, Task
-from topas.profiles import DEFAULT_PROFILE, ServerProfile, check_movement, get_profile
+from topas.profiles import DEFAULT_PROFILE, ServerProfile, get_profile
 from topas.workloads._common import (
     DEFAULT_PREFIX_SHARE,
     DecodeRegime,
@@ -244,11 +244,9 @@ class ServerChoice:
     def resolve(self, family_profile: str | None) -> ServerProfile:
         """The profile to use, with the swap bandwidth override applied."""
         prof = get_profile(self.profile or family_profile or DEFAULT_PROFILE)
-        if self.movement is not None:
-            check_movement(self.movement)
         if self.swap_bytes_per_s is not None:
             _check_positive("swap_bytes_per_s", self.swap_bytes_per_s)
-            prof = replace(prof, host=replace(prof.host, bytes_per_s=float(self.swap_bytes_per_s)))
+            prof = prof.with_swap(self.swap_bytes_per_s)
         return prof
 
     def apply(
