@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from topas.instance import StageRef
-from topas.policies.base import Policy, PolicyContext, WaitingQueue, admit_in_order
+from topas.policies.base import Policy, PolicyContext, Predictions, WaitingQueue, admit_in_order
 from topas.state import Decision, Phase, PrefixStatus, State
 from topas.timing import predicted_service_s
 
@@ -329,13 +329,13 @@ class SPF(Policy):
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
-        self._services: dict[str, dict[str, float]] = {}
+        self._pred = Predictions(ctx)
         self._left = TaskValues(self._not_done)
 
     def decide(self, state: State) -> Decision:
         self._left.prune(state)
-        if len(self._services) > 4 * max(16, len(state.tasks)):
-            self._services = {t: v for t, v in self._services.items() if t in state.tasks}
+        if len(self._pred.service_of) > 64 * max(16, len(state.tasks)):
+            self._pred.keep_tasks(state.tasks)
         ctx = self.ctx
         adjust: dict[str, float] = {}
         for ref, run in state.running.items():
@@ -345,8 +345,7 @@ class SPF(Policy):
                     ctx.server, ctx.timing, 0, max(s.predicted_output - run.generated, 0)
                 )
                 tid = ref[0]
-                full = self._service(state, tid)[ref[1]]
-                adjust[tid] = adjust.get(tid, 0.0) + left - full
+                adjust[tid] = adjust.get(tid, 0.0) + left - self._pred.service(state, ref)
 
         def remaining(tid: str) -> float:
             return self._left.get(state, tid) + adjust.get(tid, 0.0)
@@ -354,22 +353,12 @@ class SPF(Policy):
         order = _by_task_value(state, remaining)
         return admit_in_order(state, order, self.eviction_order(state)).decision()
 
-    def _service(self, state: State, tid: str) -> dict[str, float]:
-        """The predicted service of each stage of ``tid`` (fixed for the task)."""
-        got = self._services.get(tid)
-        if got is None:
-            ctx = self.ctx
-            got = self._services[tid] = {
-                sid: predicted_service_s(ctx.server, ctx.timing, s.input_tokens, s.predicted_output)
-                for sid, s in state.tasks[tid].stages.items()
-            }
-        return got
-
     def _not_done(self, state: State, tid: str) -> float:
-        service = self._service(state, tid)
         phase = state.phase
         return sum(
-            service[sid] for sid in state.tasks[tid].topo_order if phase[(tid, sid)] != Phase.DONE
+            self._pred.service(state, (tid, sid))
+            for sid in state.tasks[tid].topo_order
+            if phase[(tid, sid)] != Phase.DONE
         )
 
 
