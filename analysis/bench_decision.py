@@ -214,6 +214,8 @@ class Run:
     max_waiting: int
     mean_running: float
     mean_admitted: float  # stages admitted per timed decision
+    mean_evaluated: float | None  # prefix sets scored per decision (None: no search)
+    max_evaluated: int | None
     tasks_released: int
     kv_capacity_tokens: int
 
@@ -227,7 +229,7 @@ def bench_one(
     policy: Policy = make_policy(spec)
     policy.reset(PolicyContext(server=inst.server, timing="calibrated", seed=seed))
     st = loop.state
-    times, queued, running, admitted = [], [], [], []
+    times, queued, running, admitted, evaluated = [], [], [], [], []
     gc.collect()
     for i in range(warmup + decisions):
         if len(st.waiting) < waiting:
@@ -242,6 +244,8 @@ def bench_one(
             queued.append(n_wait)
             running.append(n_run)
             admitted.append(len(d.admit))
+            if hasattr(policy, "evaluated"):  # the search says how many sets it scored
+                evaluated.append(policy.evaluated)
     arr = np.array(times)
     return Run(
         policy=spec,
@@ -257,6 +261,8 @@ def bench_one(
         max_waiting=int(max(queued)),
         mean_running=float(np.mean(running)),
         mean_admitted=float(np.mean(admitted)),
+        mean_evaluated=float(np.mean(evaluated)) if evaluated else None,
+        max_evaluated=max(evaluated) if evaluated else None,
         tasks_released=loop.released,
         kv_capacity_tokens=inst.server.kv_capacity_tokens,
     )
@@ -316,14 +322,15 @@ def _find(runs: Sequence[Run], policy: str, agents: int, waiting: int) -> Run | 
 def main_table(runs: Sequence[Run]) -> str:
     out = [
         "| policy | agents | waiting | p50 (ms) | p99 (ms) | decisions | waiting (mean) "
-        "| running (mean) | admitted/call |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| running (mean) | admitted/call | prefix sets/call (mean, max) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
+        sets = "-" if r.mean_evaluated is None else f"{r.mean_evaluated:.1f}, {r.max_evaluated}"
         out.append(
             f"| `{r.policy}` | {r.agents} | {r.waiting} | {r.p50_ms:.3f} | {r.p99_ms:.3f} "
             f"| {r.decisions} | {r.mean_waiting:.1f} | {r.mean_running:.1f} "
-            f"| {r.mean_admitted:.2f} |"
+            f"| {r.mean_admitted:.2f} | {sets} |"
         )
     return "\n".join(out)
 

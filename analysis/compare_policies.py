@@ -14,7 +14,7 @@ seeds of TOPAS / best - 1 with a 95% CI (Student t, n-1 df).
 
 ``--seeds N`` means the first N reporting seeds (20, 21, ...); ``--kv-scale`` multiplies
 each instance's default KV budget. Policies other than ``topas`` and its variants
-(``topas:...``, ``topas-search``) count as
+(``topas:...``, ``topas-greedy``, ``topas-base``) count as
 baselines. Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png} (each file
 atomically, after every run has finished) and prints summary.md. Bad input: one
 ``error: ...`` line on stderr, exit status 2, nothing created.

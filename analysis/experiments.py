@@ -58,7 +58,10 @@ checked on (10-12) before the split (docs/topas.md): no study reports on them.""
 
 REPORT_SEED_START = 20
 """``--seeds N`` means the N reporting seeds from here: 20, 21, ... (never tuned on)."""
-ABLATION_TERMS = ("path", "reuse", "move", "preempt", "aging", "reserve")
+ABLATION_TERMS = ("progress", "move", "reuse", "redo", "revoke", "aging", "reserve")
+"""The weights of ``topas``'s score (topas/search.py) that the ablation switches off."""
+ABLATION_MODES = ("search=all", "drain_discount=0")
+"""Switches of the search itself: no choice of residency; drained memory at full credit."""
 
 # Two-sided 95% critical values of Student's t, t_{0.975, df} for df = 1..30: the standard
 # table (e.g. NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2). Beyond
@@ -606,7 +609,7 @@ def check_instances(
 
 
 def is_topas(spec: str) -> bool:
-    """A TOPAS variant (``topas``, ``topas-search``, ``topas:reuse=0``, ...), never a
+    """A TOPAS variant (``topas``, ``topas-greedy``, ``topas:reuse=0``, ...), never a
     baseline: "best baseline" is the best of the others."""
     return spec.partition(":")[0].startswith("topas")
 
@@ -616,4 +619,5 @@ def default_policies() -> str:
 
 
 def ablation_variants() -> list[str]:
-    return ["topas", *(f"topas:{term}=0" for term in ABLATION_TERMS)]
+    variants = [f"topas:{term}=0" for term in ABLATION_TERMS]
+    return ["topas", *variants, *(f"topas:{mode}" for mode in ABLATION_MODES), "topas-base"]

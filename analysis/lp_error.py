@@ -1,6 +1,6 @@
-"""Error of topas-search's E[longest path] approximation against Monte Carlo.
+"""Error of topas's E[longest path] approximation against Monte Carlo.
 
-``topas-search`` (topas/search.py) takes a task's expected longest remaining path
+``topas`` (topas/search.py) takes a task's expected longest remaining path
 ``E[LP(G, Z)]`` as the mean over ``SCENARIOS`` scenarios of the longest path, each stage's
 service scaled by its learned ratio at a stratified level of its own
 (``scenario_levels``). This script measures how far that is from the Monte-Carlo estimate
@@ -116,7 +116,7 @@ def main(argv: Sequence[str]) -> int:
         f"Command: `{command}`\n\n"
         f"{tasks} tasks per workload (seed {seed}), every stage waiting; services are the "
         "calibrated predictions times log-normal(0, sigma) ratios; Monte Carlo with "
-        f"{samples} independent samples per task. Stratified (topas-search): the mean over "
+        f"{samples} independent samples per task. Stratified (topas): the mean over "
         f"{SCENARIOS} scenarios, each stage at its own stratified level; comonotone (the "
         "first version): the mean over the quantiles "
         f"{', '.join(f'{q:g}' for q in COMONOTONE)}, one ratio per (agent, role). "

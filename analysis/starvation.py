@@ -7,7 +7,8 @@ lpm's 128-stage sorting limit). A prefix-match-first order (``lpm``: resident pr
 tokens first) puts every hot stage ahead of the cold one, so the cold task waits until
 the stream ends and its JCT grows with the stream's length. The cold stage also decodes
 twice as long as a hot one, so a shortest-path-first order defers it too and only aging
-(``topas``'s ``aging`` term) can bring it forward.
+(``topas``'s ``aging`` term) or its reservation for starving stages (``reserve``) can
+bring it forward.
 
 Two ways to keep the server full (``--bounds``): ``slots`` (``max_running`` binds; the
 KV budget holds both prefixes and two batches) and ``memory`` (no request cap; the KV
@@ -17,7 +18,8 @@ loaded into memory the hot stages keep taking; aging ranks it first, but only ``
 default cost model.
 
     python analysis/starvation.py [--lengths 160,320,640,1280] [--seeds 20,21]
-        [--policies lpm,topas,topas:aging=0,topas:reserve=0] [--bounds slots,memory]
+        [--policies lpm,topas,topas:aging=0,topas:reserve=0,topas:aging=0,reserve=0]
+        [--bounds slots,memory]
         [--out DIR]
 
 Writes results/starvation/{summary.md, runs.csv, cold_jct.png} and prints the summary
@@ -63,7 +65,7 @@ MIN_LENGTH = COLD_AFTER + 1
 FLAT = 1.5  # a cold-task JCT counts as flat if the longest stream's is <= FLAT x the shortest's
 BOUNDS = ("slots", "memory")
 DEFAULT_LENGTHS = (160, 320, 640, 1280)
-DEFAULT_POLICIES = ("lpm", "topas", "topas:aging=0", "topas:reserve=0")
+DEFAULT_POLICIES = ("lpm", "topas", "topas:aging=0", "topas:reserve=0", "topas:aging=0,reserve=0")
 COLD_TASK = "cold"
 
 

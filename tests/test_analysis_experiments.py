@@ -165,13 +165,14 @@ def test_ablation_end_to_end(tmp_path: Path) -> None:
     files = {"config.json", "runs.csv", "summary.md", "ablation.png", "prediction_error.png"}
     assert {p.name for p in out.iterdir()} == files
     rows = _csv_rows(out / "runs.csv")
-    # full TOPAS and one variant per term (path, reuse, move, preempt, aging, reserve) + 3
-    # sweep policies x 2 sigmas, less full TOPAS at sigma 0 (shared), per seed
-    assert len(rows) == 2 * (7 + 3 * 2 - 1)
+    # full TOPAS, one variant per term (progress, move, reuse, redo, revoke, aging,
+    # reserve), two search switches and topas-base + 3 sweep policies x 2 sigmas, less
+    # full TOPAS at sigma 0 (shared), per seed
+    assert len(rows) == 2 * (11 + 3 * 2 - 1)
     summary = (out / "summary.md").read_text()
     assert summary == r.stdout
     assert "### metagpt-tl" in summary and "load factor 1.2" in summary
-    for spec in ("topas:path=0", "topas:reuse=0", "topas:move=0", "topas:preempt=0"):
+    for spec in ("topas:progress=0", "topas:reuse=0", "topas:search=all", "topas-base"):
         assert f"| {spec} |" in summary
     assert "| kvflow | 0.5 |" in summary
     for png in ("ablation.png", "prediction_error.png"):

@@ -53,6 +53,12 @@ def test_quick_run_writes_table_and_json(tmp_path) -> None:
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
         assert r["waiting"] <= r["mean_waiting"] <= r["waiting"] + 5  # the queue is held at N
         assert r["mean_running"] > 0
+        if r["policy"] == "topas":  # the sets it scored: R_t at least; every subset of at
+            # most M = 6 active agents, or the greedy's |A|^2; plus the never-idle fallback
+            bound = max(2**6, 16, r["agents"] ** 2) + 1
+            assert 1 <= r["mean_evaluated"] <= r["max_evaluated"] <= bound
+        else:
+            assert r["mean_evaluated"] is None
         table_row = f"| `{r['policy']}` | {r['agents']} | {r['waiting']} |"
         assert table_row in summary
 

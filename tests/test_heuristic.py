@@ -1,5 +1,5 @@
-"""The TOPAS heuristic: each score term on a hand-built state, its switches, and the
-incremental scoreboard against a from-scratch analysis.
+"""The single-pass TOPAS scorer (``topas-greedy``, topas/heuristic.py): each score term on
+a hand-built state, its switches, and the incremental scoreboard against a from-scratch analysis.
 
 States are built with the engine hooks (``release_task``, ``apply_inplace``,
 ``prefix_ready``, ``complete_stage``) on step-model instances with ``step_s = 1``, chunk 10:
@@ -15,7 +15,7 @@ import pytest
 from conftest import jcts_across_processes, kv_of, make, random_instances, stage, task
 from hypothesis import given
 
-from topas.heuristic import TOPAS
+from topas.heuristic import TOPASGreedy
 from topas.instance import Instance
 from topas.policies import make_policy
 from topas.policies.base import PolicyContext
@@ -51,7 +51,7 @@ def _run(state: State, refs) -> None:  # type: ignore[no-untyped-def]
     assert all(state.phase[r] == Phase.RUNNING for r in refs)
 
 
-def _decide(inst: Instance, state: State, spec: str = "topas") -> Decision:
+def _decide(inst: Instance, state: State, spec: str = "topas-greedy") -> Decision:
     policy = make_policy(spec)
     policy.reset(PolicyContext(server=inst.server, timing="step"))
     return policy.decide(state)
@@ -99,7 +99,7 @@ def test_reuse_keeps_the_prefix_three_upcoming_stages_need():
 def test_reuse_switch_falls_back_to_lru():
     inst, state = _reuse_case()
     assert state.evictable()[0] == "a"  # LRU order
-    d = _decide(inst, state, "topas:reuse=0")
+    d = _decide(inst, state, "topas-greedy:reuse=0")
     assert d.evict == ("a",)
     assert d.admit == (("t1", "w"),)
 
@@ -120,7 +120,7 @@ def test_reuse_prefetches_an_absent_prefix_with_ready_stages_and_switch_stops_it
     state = _state(inst, resident=("a",))
     _run(state, [("t0", "r")])
     assert _decide(inst, state).load == ("b",)
-    assert _decide(inst, state, "topas:reuse=0").load == ()
+    assert _decide(inst, state, "topas-greedy:reuse=0").load == ()
 
 
 # --------------------------------------------------------------------------- path
@@ -156,7 +156,7 @@ def test_path_admits_the_stage_on_the_longest_path_first():
 
 def test_path_switch_falls_back_to_arrival_order():
     inst, state = _path_case()
-    assert _decide(inst, state, "topas:path=0").admit == (("t0", "s"),)
+    assert _decide(inst, state, "topas-greedy:path=0").admit == (("t0", "s"),)
 
 
 def test_path_prefers_the_task_nearer_its_end():
@@ -200,7 +200,7 @@ def _move_case():
 def test_move_prefers_the_stage_whose_prefix_is_resident():
     inst, state = _move_case()
     assert _decide(inst, state).admit == (("t1", "s"),)
-    assert _decide(inst, state, "topas:move=0").admit == (("t1", "s"),)  # path alone
+    assert _decide(inst, state, "topas-greedy:move=0").admit == (("t1", "s"),)  # path alone
 
 
 def test_move_switch_changes_when_a_prefetch_pays():
@@ -227,7 +227,7 @@ def test_move_switch_changes_when_a_prefetch_pays():
     state = _state(inst, resident=("a",))
     _run(state, [("t0", "x")])
     assert _decide(inst, state).load == ()
-    assert _decide(inst, state, "topas:move=0").load == ("b",)
+    assert _decide(inst, state, "topas-greedy:move=0").load == ("b",)
 
 
 # --------------------------------------------------------------------------- aging
@@ -248,10 +248,10 @@ def _aging_case(now: float):
 
 def test_aging_lets_an_old_task_overtake():
     inst, state = _aging_case(now=0.5)
-    assert _decide(inst, state, "topas:age_scale=10").admit == (("young", "s"),)
+    assert _decide(inst, state, "topas-greedy:age_scale=10").admit == (("young", "s"),)
     inst, state = _aging_case(now=10.0)
-    assert _decide(inst, state, "topas:age_scale=10").admit == (("old", "s"),)
-    assert _decide(inst, state, "topas:age_scale=10,aging=0").admit == (("young", "s"),)
+    assert _decide(inst, state, "topas-greedy:age_scale=10").admit == (("old", "s"),)
+    assert _decide(inst, state, "topas-greedy:age_scale=10,aging=0").admit == (("young", "s"),)
 
 
 # --------------------------------------------------------------------------- preempt
@@ -291,9 +291,9 @@ def _victim(inst, state, spec):  # type: ignore[no-untyped-def]
 
 def test_preempt_retracts_the_stage_that_loses_least_work():
     inst, state = _victim_case()
-    assert _victim(inst, state, "topas") == ("t1", "fresh")
+    assert _victim(inst, state, "topas-greedy") == ("t1", "fresh")
     # without the work term only the path value counts: the long task's stage goes
-    assert _victim(inst, state, "topas:preempt=0") == ("t0", "near")
+    assert _victim(inst, state, "topas-greedy:preempt=0") == ("t0", "near")
 
 
 def test_no_preemption_when_memory_suffices():
@@ -313,7 +313,7 @@ def test_no_preemption_when_memory_suffices():
     )
     seen = []
 
-    class Spy(TOPAS):
+    class Spy(TOPASGreedy):
         def decide(self, state):  # type: ignore[no-untyped-def]
             d = super().decide(state)
             seen.append(d.preempt)
@@ -339,20 +339,20 @@ def test_a_switch_leaves_a_neutral_decision_alone(term):
         max_running=1,
     )
     state = _state(inst, resident=("a", "b"))
-    assert _decide(inst, state, f"topas:{term}=0") == _decide(inst, state)
+    assert _decide(inst, state, f"topas-greedy:{term}=0") == _decide(inst, state)
 
 
 def test_spec_round_trip_and_bad_parameters():
-    p = make_policy("topas:reuse=0,horizon=3.5")
+    p = make_policy("topas-greedy:reuse=0,horizon=3.5")
     assert (p.reuse, p.horizon, p.path) == (0.0, 3.5, 1.0)
     with pytest.raises(Exception, match="nope"):
-        make_policy("topas:nope=1")
+        make_policy("topas-greedy:nope=1")
 
 
 # --------------------------------------------------------------------------- scoreboard
 
 
-class CheckedTOPAS(TOPAS):
+class CheckedTOPAS(TOPASGreedy):
     """TOPAS that checks its incremental state against a fresh analysis at every call."""
 
     def decide(self, state):  # type: ignore[no-untyped-def]
@@ -388,7 +388,7 @@ def test_scoreboard_matches_a_fresh_analysis_step(inst):
     sched = simulate(inst, CheckedTOPAS(), timing="step", debug=True)
     assert (
         evaluate(sched).objective_steps
-        == evaluate(simulate(inst, TOPAS(), timing="step")).objective_steps
+        == evaluate(simulate(inst, TOPASGreedy(), timing="step")).objective_steps
     )
 
 
@@ -422,7 +422,7 @@ def test_runs_repeat_across_processes(tmp_path):
     from topas.workloads import generate
 
     inst = generate("mixed", num_tasks=300, seed=1, load=1.2)
-    docs = jcts_across_processes(tmp_path, inst, "topas", ("1", "2", "3"))
+    docs = jcts_across_processes(tmp_path, inst, "topas-greedy", ("1", "2", "3"))
     assert docs[0] == docs[1] == docs[2]
 
 
@@ -452,6 +452,6 @@ def test_hold_back_is_reported_and_the_reuse_switch_undoes_it():
     _run(state, [("t0", "r")])
     assert state.free_kv == 20
     on = _decide(inst, state)
-    off = _decide(inst, state, "topas:reuse=0")
+    off = _decide(inst, state, "topas-greedy:reuse=0")
     assert (on.admit, on.evict) == ((), ()) and on.held == (("t1", "w"),)
     assert (off.admit, off.evict, off.held) == ((("t1", "w"),), ("a",), ())

@@ -1,4 +1,4 @@
-"""The search over post-decision states (topas/search.py, registered as ``topas-search``):
+"""The search over post-decision states (topas/search.py, registered as ``topas``):
 hand-built states with known answers, the enumeration against brute force, its service
 model, determinism across processes, and the model's invariants under hypothesis."""
 
@@ -16,14 +16,14 @@ from topas.policies import make_policy
 from topas.schedule import evaluate
 from topas.search import (
     SCENARIOS,
+    TOPAS,
     ServiceModel,
-    TOPASSearch,
     longest_path,
     role_of,
     scenario_levels,
 )
 from topas.simulator import simulate
-from topas.state import Decision, apply_inplace
+from topas.state import Decision, Phase, apply_inplace
 from topas.verify import verify_step
 
 SLOW_LINK = {"kind": "host", "tokens_per_s": 10.0}  # a 4000-token prompt: 400 s to move
@@ -51,7 +51,7 @@ def test_drains_a_prompt_when_the_batch_gains_more_than_the_move_costs():
     # fast link c(B) = 0.004 s << 4 D: TOPAS evicts B and admits the six stages of A,
     # and reports B's stage as held (its agent is outside R').
     inst, state = two_agents(FAST_LINK)
-    policy = ready("topas-search", inst)
+    policy = ready("topas", inst)
     d = policy.decide(state)
     assert d.evict == ("B",)
     assert sorted(d.admit) == [(f"a{i}", "s") for i in range(6)]
@@ -64,7 +64,7 @@ def test_does_not_move_a_prompt_when_the_swap_costs_more_than_it_saves():
     # draining B is 4 D = 2,200 s against 400 s... so make the link slower still: at
     # 1 token/s c(B) = 4,000 s > 4 D and TOPAS keeps both prompts and runs two stages.
     inst, state = two_agents({"kind": "host", "tokens_per_s": 1.0})
-    d = ready("topas-search", inst).decide(state)
+    d = ready("topas", inst).decide(state)
     assert d.evict == () and len(d.admit) == 2 and d.held == ()
 
 
@@ -72,8 +72,8 @@ def test_move_switch_and_search_all_never_drain():
     # With the move term off draining is free; with search=all nothing is chosen: every
     # active agent that fits is kept, so B stays and only two stages run.
     inst, state = two_agents({"kind": "host", "tokens_per_s": 1.0})
-    assert ready("topas-search:move=0", inst).decide(state).evict == ("B",)
-    d = ready("topas-search:search=all", inst).decide(state)
+    assert ready("topas:move=0", inst).decide(state).evict == ("B",)
+    d = ready("topas:search=all", inst).decide(state)
     assert d.evict == () and len(d.admit) == 2
 
 
@@ -96,7 +96,7 @@ def test_reuse_term_keeps_a_prompt_with_next_hop_stages():
     state = released(inst)
     make_resident(state, "A", "B")
     apply_inplace(state, Decision(admit=(("t", "r"),)))
-    policy = ready("topas-search", inst)
+    policy = ready("topas", inst)
     d = policy.decide(state)
     assert d.evict == () and d.admit == (("u", "s"),)
     rnd = policy._round(state)
@@ -105,7 +105,7 @@ def test_reuse_term_keeps_a_prompt_with_next_hop_stages():
     assert rnd.next_hop == {"B": 1}
     # c(B) in the step model: max(1, ceil(4000 / 1e6)) = 1 step of 1 s, counted once
     assert keep.score - drop.score == pytest.approx(1.0)
-    off = ready("topas-search:reuse=0", inst)
+    off = ready("topas:reuse=0", inst)
     rnd0 = off._round(state)
     assert off._pack(state, rnd0, ("A", "B")).score == pytest.approx(
         off._pack(state, rnd0, ("A",)).score
@@ -119,7 +119,7 @@ def test_enumeration_is_the_best_of_every_subset():
     inst = make({"A": 2000, "B": 1500, "C": 1000}, tasks, capacity=7000, load=FAST_LINK)
     state = released(inst)
     make_resident(state, "A", "B", "C")
-    policy = ready("topas-search", inst)
+    policy = ready("topas", inst)
     policy.decide(state)
     rnd = policy._round(state)
     active = sorted(rnd.queues)
@@ -145,8 +145,8 @@ def test_greedy_search_is_bounded_and_never_beats_enumeration():
     inst = make({"A": 2000, "B": 1500, "C": 1000, "D": 1200}, tasks, capacity=7000, load=FAST_LINK)
     state = released(inst)
     make_resident(state, "A", "B", "C")
-    full = ready("topas-search:search=enumerate", inst)
-    greedy = ready("topas-search:search=greedy", inst)
+    full = ready("topas:search=enumerate", inst)
+    greedy = ready("topas:search=greedy", inst)
     best = full._search(state, full._round(state))
     found = greedy._search(state, greedy._round(state))
     assert found.score <= best.score + 1e-9
@@ -193,7 +193,7 @@ def test_longest_path_defers_the_stages_not_started():
     assert longest_path(an, (), 5.0) == 15.0
     assert longest_path(an, [("t", "x")], 5.0) == 10.0
     assert longest_path(an, [("t", "x"), ("t", "y")], 5.0) == 10.0
-    assert TOPASSearch._share(an, 5.0) == 2.5
+    assert TOPAS._share(an, 5.0) == 2.5
 
 
 # --------------------------------------------------------------------------- invariants
@@ -205,7 +205,7 @@ def test_invariants_in_both_timing_modes(inst):
     # debug=True re-checks every invariant after every event: KV within capacity, every
     # running stage's prefix resident, deps before starts, each stage once
     for timing in ("step", "calibrated"):
-        sched = simulate(inst, make_policy("topas-search"), timing=timing, debug=True)
+        sched = simulate(inst, make_policy("topas"), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
         if timing == "step":
             verify_step(sched)
@@ -215,8 +215,8 @@ def test_completes_the_paper_workloads_and_repeats():
     from topas.workloads import generate
 
     inst = generate("dag-10-wide", num_tasks=12, seed=1000, load=1.2)
-    a = evaluate(simulate(inst, make_policy("topas-search"), debug=True))
-    b = evaluate(simulate(inst, make_policy("topas-search")))
+    a = evaluate(simulate(inst, make_policy("topas"), debug=True))
+    b = evaluate(simulate(inst, make_policy("topas")))
     assert a.jct == b.jct and len(a.jct) == 12
 
 
@@ -225,15 +225,13 @@ def test_runs_repeat_across_processes(tmp_path):
     from topas.workloads import generate
 
     inst = generate("dag-4", num_tasks=40, seed=1001, load=1.2)
-    docs = jcts_across_processes(tmp_path, inst, "topas-search")
+    docs = jcts_across_processes(tmp_path, inst, "topas")
     assert docs[0] == docs[1]
 
 
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError, match="search: unknown mode 'best'"):
-        ready(
-            "topas-search:search=best", make({"A": 10}, [task("t", 0, stage("s", "A", 1, 1))], 30)
-        )
+        ready("topas:search=best", make({"A": 10}, [task("t", 0, stage("s", "A", 1, 1))], 30))
 
 
 def test_lp_error_script_hand_checked():
@@ -284,10 +282,10 @@ def test_a_starving_stage_is_not_left_behind_in_a_memory_bound_stream():
     sys.modules["starvation"] = starvation
     spec.loader.exec_module(starvation)
     rows = starvation.run_starvation(
-        (160, 640), ("topas-search", "topas-search:reserve=0"), seeds=(0,), bounds=("memory",)
+        (160, 640), ("topas", "topas:reserve=0"), seeds=(0,), bounds=("memory",)
     )
-    flat = starvation.growth(rows, "topas-search", "cold_jct_s")
-    starved = starvation.growth(rows, "topas-search:reserve=0", "cold_jct_s")
+    flat = starvation.growth(rows, "topas", "cold_jct_s")
+    starved = starvation.growth(rows, "topas:reserve=0", "cold_jct_s")
     assert flat[640] <= 1.5
     assert starved[640] >= 0.75 * 4  # proportional to the stream: 4x as long
 
@@ -299,23 +297,23 @@ def test_each_term_has_its_sign_and_switch():
     # The two-agent state of the drain tests, over the fast link: dropping B packs six of
     # A's stages instead of two (one of A's and B's). Per term:
     inst, state = two_agents(FAST_LINK)
-    policy = ready("topas-search", inst)
+    policy = ready("topas", inst)
     rnd = policy._round(state)
     keep, drop = policy._pack(state, rnd, ("A", "B")), policy._pack(state, rnd, ("A",))
     # J_admit (progress): more admitted progress scores more; progress=0 removes it, and
     # then only J_move (dropping B costs c(B) for its waiting task) separates them
     assert len(drop.admitted) == 6 and len(keep.admitted) == 2
     assert drop.score > keep.score
-    off = ready("topas-search:progress=0", inst)
+    off = ready("topas:progress=0", inst)
     r0 = off._round(state)
     c_b = r0.cost["B"]
     assert off._pack(state, r0, ("A", "B")).score == 0.0
     assert off._pack(state, r0, ("A",)).score == pytest.approx(-c_b)
     # J_move: a higher weight costs the drop more, move=0 makes it free
-    heavy = ready("topas-search:move=1000", inst)
+    heavy = ready("topas:move=1000", inst)
     rh = heavy._round(state)
     assert heavy._pack(state, rh, ("A",)).score == pytest.approx(drop.score + c_b - 1000 * c_b)
-    free = ready("topas-search:move=0", inst)
+    free = ready("topas:move=0", inst)
     rf = free._round(state)
     assert free._pack(state, rf, ("A",)).score == pytest.approx(drop.score + c_b)
 
@@ -324,11 +322,49 @@ def test_aging_weights_old_tasks_and_switches_off():
     # g_i(t) = 1 + rho * log(1 + age / H_age): 1 at age 0, growing with age; aging=0 -> 1
     inst = make({"A": 10}, [task("t", 0, stage("s", "A", 5, 5))], capacity=100)
     state = released(inst)
-    policy = ready("topas-search:aging=2,age_scale=10", inst)
+    policy = ready("topas:aging=2,age_scale=10", inst)
     assert policy._weight(state, "t") == 1.0
     state.time = 10.0
     assert policy._weight(state, "t") == pytest.approx(1 + 2 * math.log(2))
-    assert ready("topas-search:aging=0", inst)._weight(state, "t") == 1.0
+    assert ready("topas:aging=0", inst)._weight(state, "t") == 1.0
+
+
+def busy_b(decoded: int) -> tuple:
+    """``two_agents`` with B's stage running instead of waiting: a 5,000-token decode
+    (5,050 steps, so its drain outlasts D and the memory it returns is worth nothing now)
+    that has decoded ``decoded`` tokens and holds 5,500 tokens of KV. Free: 14,500 -
+    8,000 - 5,500 = 1,000, one stage of A. D = the mean predicted stage service =
+    (6 x 550 + 5,050) / 7 = 1,193 s."""
+    tasks = [task(f"a{i}", 0, stage("s", "A", 500, 500)) for i in range(6)]
+    tasks.append(task("b0", 0, stage("s", "B", 500, 5000)))
+    inst = make({"A": 4000, "B": 4000}, tasks, capacity=14_500, load=FAST_LINK)
+    state = released(inst)
+    make_resident(state, "A", "B")
+    apply_inplace(state, Decision(admit=(("b0", "s"),)))
+    state.running[("b0", "s")].generated = decoded
+    return inst, state
+
+
+def test_retracts_a_dropped_prompts_stage_when_the_batch_gains_more_than_it_loses():
+    # Retracting b0 frees 9,500 tokens now: five more stages of A, each worth D = 1,193 s,
+    # against J_redo = 10 decoded tokens x 1 s + J_revoke 0 + J_move 0.004 s for b0's task,
+    # which must wait for B again. Draining instead gains nothing now (the drain outlasts
+    # D). So TOPAS retracts b0, evicts B and admits all six of A's stages.
+    inst, state = busy_b(decoded=10)
+    d = ready("topas", inst).decide(state)
+    assert d.preempt == (("b0", "s"),) and d.evict == ("B",)
+    assert sorted(d.admit) == [(f"a{i}", "s") for i in range(6)]
+    apply_inplace(state, d)  # the decision is feasible as it stands
+    assert state.phase[("b0", "s")] is Phase.WAITING
+
+
+def test_does_not_retract_when_the_redo_costs_more():
+    # J_redo = 10 tokens x 1 s x 1,000 = 10,000 s > 5 D = 5,965 s: b0 keeps running (B is
+    # drained or kept, but nothing is stopped); the same without the retract switch.
+    for spec in ("topas:redo=1000", "topas:retract=0"):
+        inst, state = busy_b(decoded=10)
+        d = ready(spec, inst).decide(state)
+        assert d.preempt == () and len(d.admit) == 1, spec
 
 
 def test_retraction_takes_the_least_redo_plus_revoked_credit():
@@ -348,9 +384,9 @@ def test_retraction_takes_the_least_redo_plus_revoked_credit():
     state.running[("t2", "r")].generated = 1
     cands = [("t1", "r"), ("t2", "r")]
     for spec, first in (
-        ("topas-search", ("t1", "r")),
-        ("topas-search:revoke=0", ("t2", "r")),
-        ("topas-search:redo=0", ("t1", "r")),
+        ("topas", ("t1", "r")),
+        ("topas:revoke=0", ("t2", "r")),
+        ("topas:redo=0", ("t1", "r")),
     ):
         policy = ready(spec, inst)
         policy._credit[("t2", "r")] = 5.0

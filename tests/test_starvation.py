@@ -3,14 +3,16 @@
 A cold task (its agent's prefix not resident, its stage twice as long as a hot one) sits in
 a steady, slightly overloading stream of hot one-stage tasks. As the stream grows 2x, 4x
 and 8x longer, ``lpm`` serves the cold task only when the stream ends, so its JCT grows
-in proportion; with aging, ``topas`` admits it after a bounded wait.
+in proportion; ``topas`` admits it after a bounded wait.
 
-Measured with seed 0 (calibrated timing, lengths 160/320/640/1280 hot tasks, streams of
-30/63/130/263 s): in the slots-bound stream lpm's cold-task JCT is 1.98x/4.03x/7.95x the
-shortest's (34.9 s at 160), topas's 0.99x/0.98x/1.01x (about 26 s), topas:aging=0's
-1.98x/4.05x/7.98x. In the memory-bound stream (the cold stage needs the memory of
-six hot ones) topas's stays about 28 s through the reservation for starving stages;
-without it (topas:reserve=0) or without aging it grows like lpm's.
+Measured with seed 0 (calibrated timing, lengths 160 and 1280 hot tasks, streams of 30
+and 263 s): in the slots-bound stream lpm's cold-task JCT at 1280 is 7.95x the
+shortest's (34.9 s at 160), topas's 1.13x, topas:aging=0's 1.04x and topas:reserve=0's
+1.16x (either the log aging or the reservation brings it forward), topas with neither
+7.98x. In the memory-bound stream (the cold stage needs the memory of six hot ones)
+topas's is 0.98x and topas:aging=0's 1.07x through the reservation for starving stages
+(it triggers on age, with or without the aging weight); without it (topas:reserve=0)
+it grows like lpm's: 7.90x.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ _spec.loader.exec_module(starvation)
 LENGTHS = (160, 320, 640, 1280)  # the shortest stream (30 s) outlasts topas's aging (~26 s)
 FACTORS = dict(zip(LENGTHS, (1, 2, 4, 8), strict=True))
 PROPORTIONAL = 0.75  # starved: JCT ratio >= 0.75 x the length ratio (measured >= 0.98 x)
-FLAT = 1.5  # bounded: JCT ratio <= 1.5 at every length (measured 0.98-1.01 for topas)
+FLAT = 1.5  # bounded: JCT ratio <= 1.5 at every length (measured 1.00-1.13 for topas)
+ONE_OFF = ("topas:aging=0", "topas:reserve=0")
+NEITHER = "topas:aging=0,reserve=0"
 
 
 @pytest.fixture(scope="module")
 def slots_rows():
     return starvation.run_starvation(
-        LENGTHS, ("lpm", "topas", "topas:aging=0"), seeds=(0,), bounds=("slots",)
+        LENGTHS, ("lpm", "topas", *ONE_OFF, NEITHER), seeds=(0,), bounds=("slots",)
     )
 
 
@@ -71,7 +75,7 @@ def test_topas_cold_task_stays_flat(slots_rows) -> None:
     assert max(ratios.values()) <= FLAT, ratios
     # the stream overloads the server by 3%, so the hot backlog grows with it and so does
     # the wait of the hot tasks at its end under any order that ages them (measured:
-    # topas's max JCT 2.6x at 8x, against lpm's 7.95x, which is the cold task's)
+    # topas's max JCT 3.2x at 8x, against lpm's 7.95x, which is the cold task's)
     k = FACTORS[LENGTHS[-1]]
     assert _ratios(slots_rows, "topas", "max_jct_s")[LENGTHS[-1]] <= 0.5 * k
     cold = {r.length: r.cold_jct_s for r in slots_rows if r.policy == "topas"}
@@ -79,9 +83,13 @@ def test_topas_cold_task_stays_flat(slots_rows) -> None:
     assert cold[LENGTHS[-1]] < lpm[LENGTHS[0]]  # bounded below even the shortest stream's wait
 
 
-def test_aging_is_what_bounds_it(slots_rows) -> None:
-    # without aging the cold stage's longer path keeps it behind every hot stage
-    ratios = _ratios(slots_rows, "topas:aging=0")
+def test_aging_or_the_reservation_bounds_it(slots_rows) -> None:
+    # either one alone keeps the cold task's wait bounded; without both, the cold stage's
+    # longer path keeps it behind every hot stage
+    for spec in ONE_OFF:  # measured: aging=0 1.00/1.51/0.93/1.04, reserve=0 up to 1.16
+        ratios = _ratios(slots_rows, spec)
+        assert ratios[LENGTHS[-1]] <= FLAT and max(ratios.values()) <= 2 * FLAT, (spec, ratios)
+    ratios = _ratios(slots_rows, NEITHER)
     for n, k in FACTORS.items():
         assert ratios[n] >= PROPORTIONAL * k, ratios
 
@@ -99,10 +107,10 @@ def test_topas_cold_task_stays_flat_memory_bound(memory_rows) -> None:
     # in. Once its task has waited `reserve` (2) times the mean age of the released tasks
     # and at least age_scale, memory that running stages free is kept for it (EASY
     # backfilling: later hot stages start only if they end before it fits).
-    assert max(_ratios(memory_rows, "topas").values()) <= FLAT
+    for policy in ("topas", "topas:aging=0"):  # the reservation triggers on age alone
+        assert max(_ratios(memory_rows, policy).values()) <= FLAT, policy
     k = FACTORS[LENGTHS[-1]]
-    for policy in ("lpm", "topas:reserve=0", "topas:aging=0"):
-        # without the reservation (or without the aging that triggers it) it starves
+    for policy in ("lpm", "topas:reserve=0"):  # without the reservation it starves
         assert _ratios(memory_rows, policy)[LENGTHS[-1]] >= PROPORTIONAL * k, policy
 
 

@@ -107,7 +107,7 @@ the time of a decision when memory, not the batch, is what limits admission."""
 
 
 @dataclass
-class TOPAS(Policy):
+class TOPASGreedy(Policy):
     """Task-oriented, prefix-aware scheduling (see the module docstring)."""
 
     path: float = 1.0
@@ -118,7 +118,7 @@ class TOPAS(Policy):
     horizon: float = 0.0  # seconds; 0 = 4 x the mean predicted stage service
     age_scale: float = 0.0  # seconds; 0 = the mean predicted critical path of a task
     reserve: float = 2.0  # age, in mean task ages, from which a stage may reserve memory
-    name = "topas"
+    name = "topas-greedy"
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)

@@ -1,8 +1,8 @@
 """TOPAS as the paper defines it: a search over post-decision states ``(R', Q')``.
 
-Work in progress (issue 11), registered as ``topas-search``; ``topas`` is still the
-single-pass scorer of :mod:`topas.heuristic`. docs/topas.md ("The search") has where it
-stands.
+Registered as ``topas``; ``topas-base`` is the paper's TOPAS-base (no reuse, no aging) and
+``topas-greedy`` the earlier single-pass scorer of :mod:`topas.heuristic`. docs/topas.md
+has the derivation, the defaults and the measurements.
 
 At a scheduling point the decision is the resident prefix set ``R'`` and the running set
 ``Q'``. Stages of agents outside ``R'`` are not admitted (they are ``Decision.held``); a
@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 
 from topas.instance import StageRef
 from topas.policies.base import Policy, PolicyContext, Predictions
-from topas.state import Decision, Phase, PrefixStatus, State
+from topas.state import Decision, Phase, Planner, PrefixStatus, State
 from topas.timing import predicted_service_s
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
@@ -195,7 +195,7 @@ class _Analysis:
     running: list[float]  # per scenario: longest path through the running frontier
     tails: dict[StageRef, list[float]]  # waiting stage -> per scenario tail
     length: float  # E[LP] with every waiting stage started now
-    share: float = 0.0  # Delta of each waiting stage (TOPASSearch._share at analysis time)
+    share: float = 0.0  # Delta of each waiting stage (TOPAS._share at analysis time)
     next_hop: dict[str, int] = field(default_factory=dict)  # agent -> its next-hop stages
 
 
@@ -281,6 +281,7 @@ class _Pack:
     credit: dict[StageRef, float]
     score: float
     changes: int  # prefixes that change residency: |R' xor R_t|
+    retract: tuple[StageRef, ...] = ()  # running stages of dropped prefixes, stopped now
 
     def beats(self, other: _Pack | None) -> bool:
         """A higher score; among equal scores (1e-9 s), fewer residency changes."""
@@ -310,12 +311,15 @@ class _Round:
     current_reuse: float = 0.0  # sum over R_t of n_a * c(a)
     running_kv: dict[str, int] = field(default_factory=dict)  # agent -> KV of its running
     drain_s: dict[str, float] = field(default_factory=dict)  # agent -> its last to finish
+    running_refs: dict[str, list[StageRef]] = field(default_factory=dict)  # agent -> running
+    revoke_loss: dict[str, float] = field(default_factory=dict)  # agent -> J_redo + J_revoke
+    pinned: str | None = None  # the agent of a starving stage admitted first: always in R'
     rank: dict[StageRef, tuple] = field(default_factory=dict)  # pack order key per stage
     analyses: dict[str, _Analysis] = field(default_factory=dict)
 
 
 @dataclass
-class TOPASSearch(Policy):
+class TOPAS(Policy):
     """TOPAS: search the resident prefix set and the running set together (module doc)."""
 
     progress: float = 1.0  # J_admit weight
@@ -332,7 +336,8 @@ class TOPASSearch(Policy):
     smith: bool = True  # pack order: progress per second of the task's remaining path
     additive: bool = False  # pack order: aging added to the Smith ratio, not multiplied
     reserve: float = 2.0  # a task this many mean ages old (and >= H_age) blocks the others
-    name = "topas-search"
+    retract: bool = True  # a dropped prefix's running stages may be retracted, not drained
+    name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
@@ -352,6 +357,7 @@ class TOPASSearch(Policy):
         self._credit: dict[StageRef, float] = {}
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
+        self._per_token = predicted_service_s(ctx.server, ctx.timing, 0, 1)
 
     # ------------------------------------------------------------------ estimates
 
@@ -467,6 +473,8 @@ class TOPASSearch(Policy):
         for ref, run in sorted(state.running.items()):
             agent = state.agent_of(ref)
             rnd.running_kv[agent] = rnd.running_kv.get(agent, 0) + run.reserved
+            rnd.running_refs.setdefault(agent, []).append(ref)
+            rnd.revoke_loss[agent] = rnd.revoke_loss.get(agent, 0.0) + self._loss(state, ref)
             left = self._service(state, ref)
             if run.started_at is not None:
                 left = max(0.0, left - (state.time - run.started_at))
@@ -485,9 +493,13 @@ class TOPASSearch(Policy):
 
     # ------------------------------------------------------------------ GREEDYPACK
 
-    def _pack(self, state: State, rnd: _Round, agents: tuple[str, ...]) -> _Pack | None:
+    def _pack(
+        self, state: State, rnd: _Round, agents: tuple[str, ...], revoke: bool = False
+    ) -> _Pack | None:
         """GREEDYPACK(R'): admit waiting stages of ``agents`` best first while they fit;
-        score the post-decision state.
+        score the post-decision state. With ``revoke`` the running stages of dropped
+        prefixes are retracted now (their memory and slots free at once, for
+        ``J_redo + J_revoke``) instead of draining.
 
         The budget is the post-decision one, ``B - sum_{a in R'} l_a - sum_{r in Q'} d_r``:
         a dropped prefix whose stages still run (it drains) returns its memory, and theirs,
@@ -495,11 +507,16 @@ class TOPASSearch(Policy):
         drained memory are credited at ``drain_credit`` (they start once the drain ends,
         ``T`` seconds from now: ``max(0, 1 - T / D)``) and admitted by a later decision."""
         keep = set(agents)
+        if rnd.pinned is not None and rnd.pinned not in keep:
+            return None
         free = rnd.free
         drained = 0  # memory that draining prefixes and their running stages will return
         drain_s = 0.0
         j_move = 0.0
         v_reuse = rnd.current_reuse
+        slots = rnd.slots
+        retract: list[StageRef] = []
+        j_retract = 0.0
         for a in sorted(keep ^ rnd.current):  # only what changes against R_t costs or frees
             if a in keep:  # absent now: loaded (l_in is charged below, per waiting task)
                 free -= rnd.tokens[a]
@@ -508,6 +525,12 @@ class TOPASSearch(Policy):
             v_reuse -= rnd.next_hop.get(a, 0) * rnd.cost[a]
             if rnd.status[a] is PrefixStatus.RESIDENT and rnd.users[a] == 0:
                 free += rnd.tokens[a]
+            elif rnd.status[a] is PrefixStatus.RESIDENT and revoke:
+                free += rnd.tokens[a] + rnd.running_kv.get(a, 0)
+                slots += len(rnd.running_refs.get(a, ()))
+                retract += rnd.running_refs.get(a, ())
+                j_retract += rnd.revoke_loss.get(a, 0.0)
+                j_move += rnd.cost[a] * len({r[0] for r in rnd.running_refs.get(a, ())})
             elif rnd.status[a] is PrefixStatus.RESIDENT:
                 drained += rnd.tokens[a] + rnd.running_kv.get(a, 0)
                 drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
@@ -521,8 +544,10 @@ class TOPASSearch(Policy):
         admitted: list[StageRef] = []
         credit: dict[StageRef, float] = {}
         moved: dict[str, set[str]] = {}
-        slots, misfits, j_admit = rnd.slots, 0, 0.0
-        while queue and slots > 0 and len(admitted) < self.max_changes:
+        if revoke and not retract or len(retract) >= self.max_changes:
+            return None  # nothing to retract, or more retractions than K allows
+        misfits, j_admit = 0, 0.0
+        while queue and slots > 0 and len(admitted) + len(retract) < self.max_changes:
             _, a = heapq.heappop(queue)
             q = rnd.queues[a]
             ref = q[position[a]]
@@ -551,8 +576,8 @@ class TOPASSearch(Policy):
                 drained -= need
         for a in keep - rnd.current:  # l_in: the tasks that wait for it
             j_move += rnd.cost[a] * max(1, len(moved.get(a, ())))
-        score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse
-        return _Pack(agents, admitted, credit, score, len(keep ^ rnd.current))
+        score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
+        return _Pack(agents, admitted, credit, score, len(keep ^ rnd.current), tuple(retract))
 
     def _later(self, drain_s: float) -> float:
         """The credit of a stage that fits only once the drain ends, ``drain_s`` from now."""
@@ -585,7 +610,16 @@ class TOPASSearch(Policy):
         def score(agents: Iterable[str]) -> _Pack | None:
             key = tuple(sorted(set(agents)))
             if key not in scored:
-                scored[key] = self._pack(state, rnd, key)
+                best = self._pack(state, rnd, key)
+                if (
+                    self.retract
+                    and best is not None
+                    and any(a not in key for a in rnd.running_refs)
+                ):  # a dropped prefix still in use: drain it, or retract its stages now
+                    now = self._pack(state, rnd, key, revoke=True)
+                    if now is not None and now.score > best.score + 1e-9:
+                        best = now
+                scored[key] = best
             return scored[key]
 
         mode = self.search
@@ -671,10 +705,19 @@ class TOPASSearch(Policy):
         starving = self._starving(state)
         if starving is not None and starving not in best.admitted:
             return self._reserve_for(state, rnd, starving)
-        keep = set(best.agents)
-        plan = state.plan()
-        for a in sorted(rnd.status):
-            if a not in keep and rnd.status[a] is PrefixStatus.RESIDENT and rnd.users[a] == 0:
+        return self._commit(state, rnd, best, state.plan())
+
+    def _commit(
+        self, state: State, rnd: _Round, best: _Pack, plan: Planner, pinned: str | None = None
+    ) -> Decision:
+        """The decision for ``best`` on top of ``plan`` (which may already admit a starving
+        stage of agent ``pinned``): unused prefixes outside ``R'`` evicted, the pack
+        admitted, absent prefixes of ``R'`` loaded, the other agents' stages held."""
+        keep = set(best.agents) | ({pinned} if pinned else set())
+        for ref in best.retract:
+            plan.do_preempt(ref)
+        for a in plan.evictable(sorted(rnd.status)):
+            if a not in keep:
                 plan.do_evict(a)
         for ref in best.admitted:
             if not plan.try_admit(ref, ()):
@@ -684,7 +727,7 @@ class TOPASSearch(Policy):
                 plan.do_load(a)  # kept for the reuse it promises
         for ref, c in best.credit.items():
             self._credit[ref] = c
-        self._kept = best.agents
+        self._kept = tuple(sorted(keep))
         held = tuple(ref for a in sorted(rnd.queues) if a not in keep for ref in rnd.queues[a])
         decision = plan.decision()
         return Decision(
@@ -708,17 +751,31 @@ class TOPASSearch(Policy):
         return ref if age >= scale and age >= self.reserve * mean_age else None
 
     def _reserve_for(self, state: State, rnd: _Round, ref: StageRef) -> Decision:
-        """The starving stage alone: its agent kept, every other unused prompt evicted if
-        that makes it fit; nothing else admitted until it runs (running stages free the
-        memory), so it cannot wait for ever."""
+        """The starving stage first: its agent kept, other unused prompts evicted if that
+        makes it fit, and the search backfills what fits beside it. If it does not fit
+        even so, nothing else is admitted until it does (running stages free the memory,
+        so it cannot wait for ever): EASY backfilling, with memory as the resource."""
         plan = state.plan()
         agent = state.agent_of(ref)
         if not plan.try_admit(ref, [a for a in state.evictable() if a != agent]):
-            plan = state.plan()  # it does not fit yet: evict nothing, admit nothing
-        self._kept = (agent,)
-        held = tuple(r for a in sorted(rnd.queues) for r in rnd.queues[a] if r != ref)
-        d = plan.decision()
-        return Decision(evict=d.evict, load=d.load, admit=d.admit, held=held)
+            self._kept = (agent,)  # it does not fit yet: evict nothing, admit nothing
+            held = tuple(r for a in sorted(rnd.queues) for r in rnd.queues[a] if r != ref)
+            return Decision(held=held)
+        for a in plan.evict:  # the round now starts from the plan's state
+            rnd.status[a] = PrefixStatus.ABSENT
+        if rnd.status[agent] is PrefixStatus.ABSENT:
+            rnd.status[agent] = PrefixStatus.LOADING
+        rnd.users[agent] += 1
+        rnd.pinned = agent
+        rnd.free, rnd.slots = plan.free_kv, plan.free_slots
+        rnd.current = frozenset(a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT)
+        rnd.current_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in sorted(rnd.current))
+        queue = [r for r in rnd.queues[agent] if r != ref]
+        if queue:
+            rnd.queues[agent] = queue
+        else:
+            del rnd.queues[agent]
+        return self._commit(state, rnd, self._search(state, rnd), plan, agent)
 
     # ------------------------------------------------------------------ retention, retraction
 
@@ -730,17 +787,21 @@ class TOPASSearch(Policy):
         cands.sort(key=lambda a: (a in kept, hops.get(a, 0) * self._cost(state, a)))
         return cands
 
+    def _loss(self, state: State, ref: StageRef) -> float:
+        """What retracting a running stage costs, in seconds: ``J_redo`` (its decoded
+        tokens x the time of one decode step) plus ``J_revoke`` (its admission credit)."""
+        redo = state.running[ref].generated * self._per_token
+        return self.redo * redo + self.revoke * self._credit.get(ref, 0.0)
+
     def retraction_order(self, state: State, candidates: Sequence[StageRef]) -> list[StageRef]:
-        """Least loss first: ``J_redo`` (decoded tokens x the time of one decode step) plus
-        ``J_revoke`` (the admission credit taken back)."""
-        per_token = predicted_service_s(self.ctx.server, self.ctx.timing, 0, 1)
+        """Least loss (``J_redo + J_revoke``) first."""
+        return sorted(candidates, key=lambda ref: (self._loss(state, ref), ref[0], ref[1]))
 
-        def loss(ref: StageRef) -> tuple[float, str, str]:
-            redo = state.running[ref].generated * per_token
-            return (
-                self.redo * redo + self.revoke * self._credit.get(ref, 0.0),
-                ref[0],
-                ref[1],
-            )
 
-        return sorted(candidates, key=loss)
+@dataclass
+class TOPASBase(TOPAS):
+    """The paper's TOPAS-base: the search without downstream reuse and without aging."""
+
+    reuse: float = 0.0
+    aging: float = 0.0
+    name = "topas-base"

@@ -501,6 +501,16 @@ class Planner:
         self.load.append(agent)
         return True
 
+    def do_preempt(self, ref: StageRef) -> None:
+        """Stop a running stage: its KV and slot are free again, it waits once more."""
+        run = self.state.running.get(ref)
+        if run is None or ref in self.preempt:
+            raise InfeasibleDecision(f"plan: {ref[0]}/{ref[1]} is not running")
+        self.free_kv += run.reserved
+        self.free_slots += 1
+        self._users[self.state.agent_of(ref)] -= 1
+        self.preempt.append(ref)
+
     def try_admit(self, ref: StageRef, evict_order: Iterable[str] | None = None) -> bool:
         """Admit ``ref`` if it fits, evicting on demand. Returns whether it was admitted."""
         if self.free_slots < 1:

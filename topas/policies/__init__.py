@@ -13,11 +13,11 @@ import importlib.util
 from importlib.metadata import entry_points
 from typing import Any
 
-from topas.heuristic import TOPAS
+from topas.heuristic import TOPASGreedy
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
 from topas.policies.replay import Replay
-from topas.search import TOPASSearch
+from topas.search import TOPAS, TOPASBase
 
 REGISTRY: dict[str, type[Policy]] = {
     "fcfs": FCFS,
@@ -29,8 +29,9 @@ REGISTRY: dict[str, type[Policy]] = {
     "parrot-fcfs": ParrotFCFS,
     "las": LAS,
     "replay": Replay,  # replays a recorded schedule: replay:file=RESULT.json
-    "topas": TOPAS,
-    "topas-search": TOPASSearch,  # issue 11 in progress: the paper's search over prefix sets
+    "topas": TOPAS,  # the search over post-decision states (topas/search.py)
+    "topas-base": TOPASBase,  # the paper's TOPAS-base: the search without reuse and aging
+    "topas-greedy": TOPASGreedy,  # the earlier single-pass scorer (topas/heuristic.py)
 }
 
 BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow", "spf", "parrot-fcfs", "las")

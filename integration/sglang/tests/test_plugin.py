@@ -10,7 +10,7 @@ from array import array
 import pytest
 from conftest import cache_prompt, cached_len, make_cache, make_req, schedule_policy
 
-from topas.heuristic import TOPAS
+from topas.heuristic import TOPASGreedy
 from topas.instance import ServerSpec, Stage, Task
 from topas.observe import observed_state
 from topas.policies.base import PolicyContext
@@ -60,7 +60,7 @@ class Reference:
             chunk_tokens=controller_mod.DEFAULT_CHUNK,
             max_running=cache.req_to_token_pool.size,
         )
-        self.policy = TOPAS()
+        self.policy = TOPASGreedy()
         self.policy.reset(PolicyContext(server=self.server, timing="calibrated"))
         self.releases: dict[str, float] = {}
 
@@ -124,12 +124,12 @@ def test_the_documented_flags_parse_and_configure_the_plugin():
     args = prepare_server_args(["--model-path", "dummy", "--schedule-policy", "lpm",
                                 "--radix-eviction-policy", "topas",
                                 "--radix-eviction-policy-config",
-                                '{"policy": "topas:horizon=2"}'])  # fmt: skip
+                                '{"policy": "topas-greedy:horizon=2"}'])  # fmt: skip
     strategy = get_eviction_strategy(args.radix_eviction_policy, args.radix_eviction_policy_config)
     assert isinstance(strategy, TopasRetention)
-    assert strategy.controller.policy_spec == "topas:horizon=2"
+    assert strategy.controller.policy_spec == "topas-greedy:horizon=2"
     with pytest.raises(PolicySpecError, match="horizn"):  # a typo stops the server at start
-        get_eviction_strategy("topas", {"policy": "topas:horizn=2"})
+        get_eviction_strategy("topas", {"policy": "topas-greedy:horizn=2"})
 
 
 def test_sglangs_launcher_accepts_the_flag_through_the_installed_entry_point():

@@ -64,11 +64,17 @@ class Stats:
     malformed: int = 0  # sightings (per planned round) of requests whose metadata failed
 
 
+DEFAULT_POLICY = "topas-greedy"
+"""The plugin's default: the single-pass scorer. The search (``topas``) has not yet been
+run in SGLang's live loop, where a round's order, hold-backs and retractions are applied by
+SGLang itself (issue 12); pass ``{"policy": "topas"}`` to try it."""
+
+
 @dataclass
 class Controller:
     """TOPAS for one SGLang scheduler (see the module docstring)."""
 
-    policy_spec: str = "topas"
+    policy_spec: str = DEFAULT_POLICY
     key_factory: KeyFactory | None = None  # set by the plugin: RadixKey
     held_rids: frozenset[str] = frozenset()  # this round's hold-backs (read by PrefillAdder)
     ranks: dict[int, tuple] = field(default_factory=dict)  # prompt node id -> eviction rank

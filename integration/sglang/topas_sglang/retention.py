@@ -20,7 +20,8 @@ its own policy names); the plugin selects it when this strategy is configured.
 
 Each strategy owns the :class:`~topas_sglang.controller.Controller` of its scheduler:
 configured with ``--radix-eviction-policy topas``, and optionally
-``--radix-eviction-policy-config '{"policy": "topas:horizon=2"}'`` (a TOPAS policy spec).
+``--radix-eviction-policy-config '{"policy": "topas-greedy:horizon=2"}'`` (a TOPAS policy
+spec; the default is ``controller.DEFAULT_POLICY``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from topas_sglang.controller import Controller
+from topas_sglang.controller import DEFAULT_POLICY, Controller
 
 NAME = "topas"
 """The eviction-policy name (``--radix-eviction-policy topas``)."""
@@ -48,7 +49,7 @@ def active() -> Controller | None:
 class TopasRetention(EvictionStrategy):
     """See the module docstring."""
 
-    def __init__(self, policy: str = "topas") -> None:
+    def __init__(self, policy: str = DEFAULT_POLICY) -> None:
         global _active
         self.controller = Controller(policy_spec=policy, key_factory=RadixKey)
         _active = weakref.ref(self.controller)
