@@ -65,7 +65,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from topas.instance import StageRef
+from topas.instance import HostLoad, StageRef
 from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 from topas.timing import predicted_service_s
@@ -197,6 +197,7 @@ class _Analysis:
     length: float  # E[LP] with every waiting stage started now
     share: float = 0.0  # Delta of each waiting stage (TOPAS._share at analysis time)
     next_hop: dict[str, int] = field(default_factory=dict)  # agent -> its next-hop stages
+    opens: dict[str, tuple[str, ...]] = field(default_factory=dict)  # waiting sid -> agents
 
 
 def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceModel) -> _Analysis:
@@ -244,18 +245,27 @@ def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceM
     return _Analysis(running, tails, sum(best) / k)
 
 
-def _task_next_hops(state: State, tid: str) -> dict[str, int]:
-    """Per agent, the task's stages not yet ready whose unfinished predecessors all run."""
-    out: dict[str, int] = {}
+_UNDER_WAY = (Phase.DONE, Phase.RUNNING, Phase.ADMITTED)
+
+
+def _task_next_hops(state: State, tid: str) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+    """Per agent, the task's stages not yet ready whose unfinished predecessors all run;
+    and per waiting stage, the agents of the stages that admitting it would make next-hop
+    ones (their only predecessor not under way), for ``n_a`` in the post-decision state."""
+    hops: dict[str, int] = {}
+    opens: dict[str, list[str]] = {}
     phase = state.phase
     info = state.tasks[tid]
     for sid in info.topo_order:
         if phase[(tid, sid)] is not Phase.BLOCKED:
             continue
         st = info.stages[sid]
-        if all(phase[(tid, d)] in (Phase.DONE, Phase.RUNNING, Phase.ADMITTED) for d in st.deps):
-            out[st.agent] = out.get(st.agent, 0) + 1
-    return out
+        missing = [d for d in st.deps if phase[(tid, d)] not in _UNDER_WAY]
+        if not missing:
+            hops[st.agent] = hops.get(st.agent, 0) + 1
+        elif len(missing) == 1 and phase[(tid, missing[0])] is Phase.WAITING:
+            opens.setdefault(missing[0], []).append(st.agent)
+    return hops, {sid: tuple(agents) for sid, agents in opens.items()}
 
 
 def longest_path(analysis: _Analysis, started: Iterable[StageRef], deferral: float) -> float:
@@ -314,6 +324,7 @@ class _Round:
     running_refs: dict[str, list[StageRef]] = field(default_factory=dict)  # agent -> running
     revoke_loss: dict[str, float] = field(default_factory=dict)  # agent -> J_redo + J_revoke
     pinned: str | None = None  # the agent of a starving stage admitted first: always in R'
+    opened: set[str] = field(default_factory=set)  # agents a waiting stage would make next hops
     rank: dict[StageRef, tuple] = field(default_factory=dict)  # pack order key per stage
     analyses: dict[str, _Analysis] = field(default_factory=dict)
 
@@ -358,6 +369,10 @@ class TOPAS(Policy):
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
         self._per_token = predicted_service_s(ctx.server, ctx.timing, 0, 1)
+        # a prefetch delays no waiting task; it costs time only where a load is a prefill
+        # that shares the GPU with the batch (the calibrated model with recompute)
+        recompute = not isinstance(ctx.server.prefix_load, HostLoad)
+        self._prefetch_charge = int(ctx.timing != "step" and recompute)
 
     # ------------------------------------------------------------------ estimates
 
@@ -407,7 +422,7 @@ class TOPAS(Policy):
         if cached is None or cached[0] != epoch or cached[1] != version:
             an = _analyse(state, tid, self._pred.service_of, self.model)
             an.share = self._share(an, max(self._mean_svc, 1e-9))
-            an.next_hop = _task_next_hops(state, tid)
+            an.next_hop, an.opens = _task_next_hops(state, tid)
             cached = (epoch, version, an)
             self._cache[tid] = cached
         memo[tid] = cached[2]
@@ -449,6 +464,7 @@ class TOPAS(Policy):
             if w is None:
                 w = rnd.weight[tid] = self._weight(state, tid)
             an = self._analysis(state, rnd.analyses, tid)
+            rnd.opened.update(an.opens.get(ref[1], ()))
             delta = an.share
             agent = state.agent_of(ref)
             rnd.need[ref] = state.need(ref)
@@ -562,20 +578,24 @@ class TOPAS(Policy):
                     break
                 continue
             tid = ref[0]
-            value = rnd.weight[tid] * rnd.analyses[tid].share
+            an = rnd.analyses[tid]
+            value = rnd.weight[tid] * an.share
             slots -= 1
             if now:
                 credit[ref] = value
                 j_admit += value
                 free -= need
                 admitted.append(ref)
+                for b in an.opens.get(ref[1], ()):  # n_b grows in the post-decision state
+                    if b in keep:
+                        v_reuse += rnd.cost[b]
                 if rnd.status[a] is PrefixStatus.ABSENT:
                     moved.setdefault(a, set()).add(tid)
             else:
                 j_admit += later * value
                 drained -= need
-        for a in keep - rnd.current:  # l_in: the tasks that wait for it
-            j_move += rnd.cost[a] * max(1, len(moved.get(a, ())))
+        for a in keep - rnd.current:  # l_in: the tasks that wait for it (a prefetch: none)
+            j_move += rnd.cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
         return _Pack(agents, admitted, credit, score, len(keep ^ rnd.current), tuple(retract))
 
@@ -598,7 +618,7 @@ class TOPAS(Policy):
 
     def _candidates_agents(self, state: State, rnd: _Round) -> tuple[list[str], tuple[str, ...]]:
         """The active pool A_t (sorted) and the current residency R_t within it."""
-        pool = set(rnd.queues) | {a for a, n in rnd.next_hop.items() if n}
+        pool = set(rnd.queues) | {a for a, n in rnd.next_hop.items() if n} | rnd.opened
         pool |= {a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT}
         active = sorted(pool)
         return active, tuple(a for a in active if a in rnd.current)
@@ -650,51 +670,73 @@ class TOPAS(Policy):
         return best
 
     def _greedy(self, active: list[str], current: tuple[str, ...], score) -> _Pack:  # type: ignore[no-untyped-def]
-        """From R_t: best single additions, pairs when singles stall, then drops and swaps;
-        at most ``|A|^2`` candidates. Pairs and swaps bring in only the :data:`PAIR_POOL`
-        outside agents whose single addition scored best, so a round costs ``O(|A|)``."""
+        """From R_t: single moves (add an agent, drop one) while one improves the score,
+        then pairs of additions and swaps when single moves stall; at most ``|A|^2``
+        candidates.
+
+        Lazy (CELF): every single move is scored once against R_t; afterwards a move is
+        re-scored only when it reaches the top of the queue with a gain measured against an
+        earlier R', and taken if its fresh gain still leads. Pairs and swaps use only the
+        :data:`PAIR_POOL` additions and drops with the best last gains. A decision thus
+        scores about ``|A|`` sets plus a few per step, not ``|A|`` per step."""
         budget = max(16, len(active) ** 2)
         evals = 0
         best = score(current)
         assert best is not None
-        cur = set(current)
+        cur = frozenset(current)
+        step = 0  # R' changes taken; a gain measured at an earlier step is stale
+        heap: list[tuple[float, str, int, str]] = []  # (-gain, agent, step measured, kind)
+        last: dict[tuple[str, str], float] = {}  # (kind, agent) -> its last gain
 
-        def scored(cands: Iterable[tuple[str, ...]]) -> list[_Pack]:
+        def evaluate(agents: frozenset[str]) -> _Pack | None:
             nonlocal evals
-            out = []
-            for agents in cands:
-                if evals >= budget:
-                    break
-                evals += 1
-                p = score(agents)
-                if p is not None:
-                    out.append(p)
-            return out
+            evals += 1
+            return score(agents)
 
-        def top(packs: list[_Pack]) -> _Pack | None:
-            pick = None
-            for p in packs:
-                if p.score > best.score + 1e-9 and p.beats(pick):
-                    pick = p
-            return pick
+        def measure(kind: str, a: str) -> None:
+            p = evaluate(cur | {a} if kind == "add" else cur - {a})
+            if p is not None:
+                last[kind, a] = gain = p.score - best.score
+                heapq.heappush(heap, (-gain, a, step, kind))
 
+        for a in active:
+            measure("drop" if a in cur else "add", a)
         while evals < budget:
-            outside = [a for a in active if a not in cur]
-            inside = sorted(cur)
-            singles = scored(tuple(sorted(cur | {a})) for a in outside)
-            step = top(singles)
-            if step is None:
-                ranked = sorted(singles, key=lambda p: -p.score)[:PAIR_POOL]
-                pool = sorted({a for p in ranked for a in p.agents} - cur)
-                pairs = (tuple(sorted(cur | set(pair))) for pair in itertools.combinations(pool, 2))
-                step = top(scored(pairs))
-                if step is None:
-                    drops = (tuple(a for a in inside if a != x) for x in inside)
-                    swaps = (tuple(sorted((cur - {x}) | {y})) for x in inside for y in pool)
-                    step = top(scored(itertools.chain(drops, swaps)))
-            if step is None:
+            took = None
+            while heap and evals < budget:
+                neg, a, at, kind = heapq.heappop(heap)
+                if (kind == "add") == (a in cur):
+                    continue  # no longer a move from R'
+                if at != step:
+                    measure(kind, a)  # stale: back in the queue at its fresh gain
+                    continue
+                if -neg > 1e-9:
+                    took = score(cur | {a} if kind == "add" else cur - {a})
+                heapq.heappush(heap, (neg, a, at, kind))  # kept for the next round
                 break
-            best, cur = step, set(step.agents)
+            if took is None:  # single moves stall: pairs of additions, then swaps
+                adds = sorted(
+                    (a for a in active if a not in cur),
+                    key=lambda a: -last.get(("add", a), -math.inf),
+                )
+                drops = sorted(cur, key=lambda a: -last.get(("drop", a), -math.inf))
+                adds, drops = adds[:PAIR_POOL], drops[:PAIR_POOL]
+                cands = [cur | set(pair) for pair in itertools.combinations(sorted(adds), 2)]
+                cands += [(cur - {x}) | {y} for x in sorted(drops) for y in sorted(adds)]
+                for agents in cands:
+                    if evals >= budget:
+                        break
+                    p = evaluate(agents)
+                    if p is not None and p.score > best.score + 1e-9 and p.beats(took):
+                        took = p
+            if took is None:
+                break
+            changed = cur ^ set(took.agents)
+            best, cur = took, frozenset(took.agents)
+            step += 1
+            for a in sorted(changed):  # the reverse move is new; measured when it surfaces
+                kind = "drop" if a in cur else "add"
+                heapq.heappush(heap, (-last.get((kind, a), 0.0), a, -1, kind))
         return best
 
     # ------------------------------------------------------------------ decide
@@ -788,9 +830,14 @@ class TOPAS(Policy):
         return cands
 
     def _loss(self, state: State, ref: StageRef) -> float:
-        """What retracting a running stage costs, in seconds: ``J_redo`` (its decoded
-        tokens x the time of one decode step) plus ``J_revoke`` (its admission credit)."""
-        redo = state.running[ref].generated * self._per_token
+        """What retracting a running stage costs, in seconds: ``J_redo``, the service it has
+        had (its decoded tokens x the time of one decode step, or the time since it
+        started if longer: the step model restarts a retracted stage from scratch and does
+        not count decoded tokens), plus ``J_revoke``, its admission credit."""
+        run = state.running[ref]
+        redo = run.generated * self._per_token
+        if run.started_at is not None:
+            redo = max(redo, state.time - run.started_at)
         return self.redo * redo + self.revoke * self._credit.get(ref, 0.0)
 
     def retraction_order(self, state: State, candidates: Sequence[StageRef]) -> list[StageRef]:
