@@ -349,9 +349,11 @@ def test_retracts_a_dropped_prompts_stage_when_the_batch_gains_more_than_it_lose
     # Retracting b0 frees 9,500 tokens now: five more stages of A, each worth D = 1,193 s,
     # against J_redo = 10 decoded tokens x 1 s + J_revoke 0 + J_move 0.004 s for b0's task,
     # which must wait for B again. Draining instead gains nothing now (the drain outlasts
-    # D). So TOPAS retracts b0, evicts B and admits all six of A's stages.
+    # D). So TOPAS with voluntary retraction on retracts b0, evicts B and admits all six of
+    # A's stages; by default (retract=0) it never stops a running stage on its own.
     inst, state = busy_b(decoded=10)
-    d = ready("topas", inst).decide(state)
+    assert ready("topas", inst).decide(state).preempt == ()
+    d = ready("topas:retract=1", inst).decide(state)
     assert d.preempt == (("b0", "s"),) and d.evict == ("B",)
     assert sorted(d.admit) == [(f"a{i}", "s") for i in range(6)]
     apply_inplace(state, d)  # the decision is feasible as it stands
@@ -361,7 +363,7 @@ def test_retracts_a_dropped_prompts_stage_when_the_batch_gains_more_than_it_lose
 def test_does_not_retract_when_the_redo_costs_more():
     # J_redo = 10 tokens x 1 s x 1,000 = 10,000 s > 5 D = 5,965 s: b0 keeps running (B is
     # drained or kept, but nothing is stopped); the same without the retract switch.
-    for spec in ("topas:redo=1000", "topas:retract=0"):
+    for spec in ("topas:retract=1,redo=1000", "topas"):
         inst, state = busy_b(decoded=10)
         d = ready(spec, inst).decide(state)
         assert d.preempt == () and len(d.admit) == 1, spec

@@ -347,7 +347,7 @@ class TOPAS(Policy):
     smith: bool = True  # pack order: progress per second of the task's remaining path
     additive: bool = False  # pack order: aging added to the Smith ratio, not multiplied
     reserve: float = 2.0  # a task this many mean ages old (and >= H_age) blocks the others
-    retract: bool = True  # a dropped prefix's running stages may be retracted, not drained
+    retract: bool = False  # a dropped prefix's running stages may be retracted, not drained
     name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
