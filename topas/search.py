@@ -56,6 +56,7 @@ iteration order of a set, so every tensor-parallel rank of a server decides alik
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import heapq
 import itertools
@@ -65,8 +66,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from topas.instance import HostLoad, StageRef
 from topas.policies.base import Policy, PolicyContext, Predictions
+from topas.search_view import QueueView, Ranking
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 from topas.timing import predicted_service_s
 
@@ -77,6 +81,7 @@ SCENARIOS = 8
 error against Monte Carlo)."""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def scenario_levels(tid: str, sid: str) -> tuple[float, ...]:
     """The quantile levels of one stage's service ratio, one per scenario: a Latin
     hypercube. Each stage takes every stratum ``[j/S, (j+1)/S)`` once, in an order and at an
@@ -102,10 +107,14 @@ stages changed always are): a refresh would otherwise re-analyse every task at o
 MAX_SAMPLES = 256
 """Observations kept per (agent, role): the most recent ones."""
 
+CHUNK = 16
+"""Stages of one agent's pack order turned into Python objects at a time (a pack rarely
+reads far into any one agent's queue)."""
+
 MAX_MISFITS = 16
 """Waiting stages a pack skips because they do not fit, before it stops."""
 
-PAIR_POOL = 8
+PAIR_POOL = 4
 """The greedy search's pairs and swaps bring in only the outside agents of the best this
 many single additions (the issue's bound is O(|A|^2) candidates; this keeps O(|A|))."""
 
@@ -313,7 +322,6 @@ class _Round:
     tokens: dict[str, int]
     queues: dict[str, list[tuple]]  # agent -> waiting stages, best first
     need: dict[StageRef, int]
-    weight: dict[str, float]  # task -> g_i(t)
     waiting_tasks: dict[str, int]  # agent -> tasks with a waiting stage of it
     next_hop: dict[str, int]  # agent -> n_a(t)
     cost: dict[str, float]  # agent -> c(a), seconds to bring its prefix back
@@ -325,7 +333,11 @@ class _Round:
     revoke_loss: dict[str, float] = field(default_factory=dict)  # agent -> J_redo + J_revoke
     pinned: str | None = None  # the agent of a starving stage admitted first: always in R'
     opened: set[str] = field(default_factory=set)  # agents a waiting stage would make next hops
-    rank: dict[StageRef, tuple] = field(default_factory=dict)  # pack order key per stage
+    rank: dict[StageRef, int] = field(default_factory=dict)  # pack order: lower goes first
+    value: dict[StageRef, float] = field(default_factory=dict)  # g_i(t) * Delta per stage
+    ranking: Ranking | None = None  # every waiting stage's pack order, read on demand
+    credit: list[float] = field(default_factory=list)  # task slot -> g_i(t) * Delta
+    skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
     analyses: dict[str, _Analysis] = field(default_factory=dict)
 
 
@@ -363,8 +375,14 @@ class TOPAS(Policy):
         self._mean_path = 0.0  # mean predicted critical path of the tasks seen (H_age)
         self._n_paths = 0
         self._paths: dict[str, float] = {}
-        self._cache: dict[str, tuple[int, int, _Analysis]] = {}  # task -> epoch, model, view
-        self._refresh_left = REFRESH_BUDGET
+        self._view: QueueView | None = None
+        self._an: dict[str, _Analysis] = {}  # task -> its analysis
+        self._stage_ids: dict[str, dict[str, int]] = {}  # task -> stage id -> its rank
+        self._seen: dict[str, int] = {}  # task -> the epoch it was analysed at
+        self._stale: dict[str, None] = {}  # tasks to re-analyse for a new service model
+        self._version = 0
+        self._synced: State | None = None  # the state last synced, and its newest stamp
+        self._synced_stamp = 0
         self._credit: dict[StageRef, float] = {}
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
@@ -407,40 +425,91 @@ class TOPAS(Policy):
         scale = self.age_scale or max(self._mean_path, 1e-9)
         return 1.0 + self.aging * math.log1p(state.age(tid) / scale)
 
-    def _analysis(self, state: State, memo: dict[str, _Analysis], tid: str) -> _Analysis:
-        got = memo.get(tid)
-        if got is not None:
-            return got
-        epoch, version = state.task_epoch[tid], self.model.version
-        cached = self._cache.get(tid)
-        stale = cached is not None and cached[0] == epoch and cached[1] != version
-        if stale and self._refresh_left > 0:
-            self._refresh_left -= 1
-        elif stale:
-            memo[tid] = cached[2]  # the model changed; this task's turn comes later
-            return cached[2]
-        if cached is None or cached[0] != epoch or cached[1] != version:
+    def _sync(self, state: State) -> QueueView:
+        """Bring the queue view and the per-task analyses in step with ``state``.
+
+        Finished tasks and stages that left the queue are dropped, new ones added (set
+        differences, in sorted order). A task is re-analysed when its epoch changed: in the
+        state last synced (the engine's, changed in place) those tasks are read from the end
+        of the stamp-ordered ``task_epoch``; any other state gets a full comparison. When
+        the service model refreshes, every task is re-analysed within
+        :data:`REFRESH_BUDGET` tasks per decision, in task order."""
+        view = self._view
+        if view is None:
+            view = self._view = QueueView(sorted(state.prefixes))
+        tasks, epoch = state.tasks, state.task_epoch
+        for ref in sorted(view.stages.of.keys() - state.waiting.keys()):
+            view.drop_stage(ref)
+        for tid in sorted(view.tasks.of.keys() - tasks.keys()):
+            view.drop_task(tid)
+            for d in (self._an, self._seen, self._paths, self._stale, self._stage_ids):
+                d.pop(tid, None)
+        new = sorted(tasks.keys() - view.tasks.of.keys())
+        for tid in new:
+            self._register(state, tid)
+            view.add_task(tid, tasks[tid].release)
+        for ref in sorted(state.waiting.keys() - view.stages.of.keys()):
+            ids = self._stage_ids.get(ref[0])
+            if ids is None:
+                ids = self._stage_ids[ref[0]] = {
+                    sid: i for i, sid in enumerate(sorted(tasks[ref[0]].stages))
+                }
+            view.add_stage(ref, state.agent_of(ref), state.need(ref), ids[ref[1]])
+        if state is self._synced:
+            changed = []
+            for tid, e in reversed(epoch.items()):  # newest first
+                if e <= self._synced_stamp:
+                    break
+                changed.append(tid)
+        else:
+            changed = [tid for tid in tasks if self._seen.get(tid) != epoch[tid]]
+        dirty = dict.fromkeys(sorted({*changed, *new}))
+        self.model.learn(state, self._pred.service_of)
+        if self.model.version != self._version:
+            self._version = self.model.version
+            self._stale = dict.fromkeys(sorted(tasks))
+        budget = REFRESH_BUDGET
+        while self._stale and budget:
+            tid = next(iter(self._stale))
+            del self._stale[tid]
+            if tid not in dirty:
+                dirty[tid] = None
+                budget -= 1
+        deferral = max(self._mean_svc, 1e-9)
+        for tid in dirty:
             an = _analyse(state, tid, self._pred.service_of, self.model)
-            an.share = self._share(an, max(self._mean_svc, 1e-9))
+            an.share = self._share(an, deferral)
             an.next_hop, an.opens = _task_next_hops(state, tid)
-            cached = (epoch, version, an)
-            self._cache[tid] = cached
-        memo[tid] = cached[2]
-        return cached[2]
+            self._an[tid] = an
+            self._seen[tid] = epoch[tid]
+            view.set_task(tid, an.share, an.length)
+            view.set_hops(tid, an.next_hop)
+        self._synced = state
+        self._synced_stamp = next(reversed(epoch.values()), 0)
+        if len(self._pred.service_of) > 64 * max(16, len(tasks)):
+            self._pred.keep_tasks(tasks)
+            self._credit = {r: c for r, c in self._credit.items() if r in state.running}
+        return view
+
+    def _values(self, view: QueueView, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per task slot: ``g_i(t)`` and the pack order's value (best first)."""
+        if self.aging:
+            scale = self.age_scale or max(self._mean_path, 1e-9)
+            w = 1.0 + self.aging * np.log1p(np.maximum(now - view.release, 0.0) / scale)
+        else:
+            w = np.ones_like(view.release)
+        if self.smith and self.additive:  # the wait counts on its own, as a stage's worth
+            value = view.share / view.length + (w - 1.0) / max(self._mean_svc, 1e-9)
+        elif self.smith:
+            value = w * view.share / view.length
+        else:
+            value = w * view.share
+        return w, value
 
     # ------------------------------------------------------------------ one round
 
     def _round(self, state: State) -> _Round:
-        for tid in state.tasks:
-            if tid not in self._paths:
-                self._register(state, tid)
-        if len(self._paths) > 4 * max(16, len(state.tasks)):
-            self._paths = {t: p for t, p in self._paths.items() if t in state.tasks}
-            self._cache = {t: c for t, c in self._cache.items() if t in state.tasks}
-            self._pred.keep_tasks(state.tasks)
-            self._credit = {r: c for r, c in self._credit.items() if r in state.running}
-        self.model.learn(state, self._pred.service_of)
-        self._refresh_left = REFRESH_BUDGET
+        view = self._sync(state)
         prefixes = state.prefixes
         rnd = _Round(
             free=state.free_kv,
@@ -449,43 +518,20 @@ class TOPAS(Policy):
             users={a: p.users for a, p in prefixes.items()},
             tokens={a: p.tokens for a, p in prefixes.items()},
             queues={},
-            need={},
-            weight={},
-            waiting_tasks={},
-            next_hop={},
+            need=view.need,
+            waiting_tasks=view.waiting_tasks(),
+            next_hop=dict(view.hops),
             cost={a: self._cost(state, a) for a in prefixes},
         )
-        deferral = max(self._mean_svc, 1e-9)
-        by_agent: dict[str, list[tuple]] = {}
-        tasks_of: dict[str, set[str]] = {}
-        for ref in sorted(state.waiting):
-            tid = ref[0]
-            w = rnd.weight.get(tid)
-            if w is None:
-                w = rnd.weight[tid] = self._weight(state, tid)
-            an = self._analysis(state, rnd.analyses, tid)
-            rnd.opened.update(an.opens.get(ref[1], ()))
-            delta = an.share
-            agent = state.agent_of(ref)
-            rnd.need[ref] = state.need(ref)
-            # best first: age-weighted progress, then the shorter task (SRPT), then age
-            if self.smith and self.additive:  # the wait counts on its own, as a stage's worth
-                value = delta / max(an.length, 1e-9) + (w - 1.0) / deferral
-            elif self.smith:
-                value = w * delta / max(an.length, 1e-9)
-            else:
-                value = w * delta
-            key = (-value, an.length, state.tasks[tid].release, tid, ref[1])
-            rnd.rank[ref] = key
-            by_agent.setdefault(agent, []).append((key, ref))
-            tasks_of.setdefault(agent, set()).add(tid)
-        for agent, items in by_agent.items():
-            items.sort()
-            rnd.queues[agent] = [ref for _, ref in items]
+        w, value = self._values(view, state.time)
+        rnd.ranking = view.ranked(value)
+        rnd.credit = (w * view.share).tolist()
+        rnd.analyses = self._an
+        for agent in sorted(rnd.ranking.spans):
+            rnd.queues[agent] = []
+            self._more(rnd, agent, 0)
         rnd.current = frozenset(a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT)
-        rnd.next_hop = self._next_hops(state, rnd.analyses)
         rnd.current_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in sorted(rnd.current))
-        rnd.waiting_tasks = {a: len(t) for a, t in tasks_of.items()}
         for ref, run in sorted(state.running.items()):
             agent = state.agent_of(ref)
             rnd.running_kv[agent] = rnd.running_kv.get(agent, 0) + run.reserved
@@ -497,15 +543,26 @@ class TOPAS(Policy):
             rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
         return rnd
 
-    def _next_hops(self, state: State, memo: dict[str, _Analysis] | None = None) -> dict[str, int]:
-        """n_a(t): stages not yet ready whose every unfinished predecessor is running
-        (per task from its cached analysis, which follows the task's epoch)."""
-        memo = {} if memo is None else memo
-        out: dict[str, int] = {}
-        for tid in state.unfinished:
-            for agent, n in self._analysis(state, memo, tid).next_hop.items():
-                out[agent] = out.get(agent, 0) + n
-        return out
+    def _more(self, rnd: _Round, agent: str, position: int) -> bool:
+        """Whether ``agent``'s queue has a stage at ``position``, reading the next
+        :data:`CHUNK` of its pack order into it (ranks, credits, the agents it opens) as
+        needed."""
+        q = rnd.queues[agent]
+        assert rnd.ranking is not None
+        while position >= len(q):
+            got = rnd.ranking.take(agent, CHUNK)
+            if not got:
+                return False
+            for ref, rank, slot in got:
+                if ref in rnd.skip:
+                    continue
+                rnd.rank[ref] = rank
+                rnd.value[ref] = rnd.credit[slot]
+                opened = rnd.analyses[ref[0]].opens.get(ref[1])
+                if opened:
+                    rnd.opened.update(opened)
+                q.append(ref)
+        return True
 
     # ------------------------------------------------------------------ GREEDYPACK
 
@@ -555,20 +612,20 @@ class TOPAS(Policy):
             return None  # may run over while stages decode past their predictions)
         later = self._later(drain_s) if drained else 0.0
         position = dict.fromkeys(agents, 0)
-        queue = [(rnd.rank[rnd.queues[a][0]], a) for a in agents if a in rnd.queues]
+        queue = [(rnd.rank[rnd.queues[a][0]], a) for a in agents if rnd.queues.get(a)]
         heapq.heapify(queue)
         admitted: list[StageRef] = []
         credit: dict[StageRef, float] = {}
         moved: dict[str, set[str]] = {}
         if revoke and not retract or len(retract) >= self.max_changes:
             return None  # nothing to retract, or more retractions than K allows
-        misfits, j_admit = 0, 0.0
-        while queue and slots > 0 and len(admitted) + len(retract) < self.max_changes:
+        misfits, late, j_admit = 0, 0, 0.0
+        while queue and slots > 0 and len(admitted) + late + len(retract) < self.max_changes:
             _, a = heapq.heappop(queue)
             q = rnd.queues[a]
             ref = q[position[a]]
             position[a] += 1
-            if position[a] < len(q):
+            if self._more(rnd, a, position[a]):
                 heapq.heappush(queue, (rnd.rank[q[position[a]]], a))
             need = rnd.need[ref]
             now = need <= free
@@ -577,23 +634,22 @@ class TOPAS(Policy):
                 if misfits >= MAX_MISFITS:
                     break
                 continue
-            tid = ref[0]
-            an = rnd.analyses[tid]
-            value = rnd.weight[tid] * an.share
+            value = rnd.value[ref]
             slots -= 1
             if now:
                 credit[ref] = value
                 j_admit += value
                 free -= need
                 admitted.append(ref)
-                for b in an.opens.get(ref[1], ()):  # n_b grows in the post-decision state
+                for b in rnd.analyses[ref[0]].opens.get(ref[1], ()):  # n_b grows post-decision
                     if b in keep:
                         v_reuse += rnd.cost[b]
                 if rnd.status[a] is PrefixStatus.ABSENT:
-                    moved.setdefault(a, set()).add(tid)
+                    moved.setdefault(a, set()).add(ref[0])
             else:
                 j_admit += later * value
                 drained -= need
+                late += 1
         for a in keep - rnd.current:  # l_in: the tasks that wait for it (a prefetch: none)
             j_move += rnd.cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
@@ -770,7 +826,9 @@ class TOPAS(Policy):
         for ref, c in best.credit.items():
             self._credit[ref] = c
         self._kept = tuple(sorted(keep))
-        held = tuple(ref for a in sorted(rnd.queues) if a not in keep for ref in rnd.queues[a])
+        view = self._view
+        assert view is not None
+        held = tuple(view.held(a for a in view.agents if a not in keep))
         decision = plan.decision()
         return Decision(
             preempt=decision.preempt,
@@ -784,13 +842,16 @@ class TOPAS(Policy):
         """The oldest task's first waiting stage, if the task has waited ``reserve`` times
         the mean age of the released tasks and at least ``H_age``: an outlier the flow
         keeps leaving behind (a stage that needs memory the others keep taking)."""
-        if not self.reserve or not state.waiting:
+        view = self._view
+        if not self.reserve or view is None or not state.waiting:
             return None
-        ref = min(state.waiting, key=lambda r: (state.tasks[r[0]].release, r))
-        age = state.age(ref[0])
+        first = view.first_release()
+        if first is None:
+            return None
+        age = state.time - first
         scale = self.age_scale or max(self._mean_path, 1e-9)
-        mean_age = sum(state.age(t) for t in state.tasks) / len(state.tasks)
-        return ref if age >= scale and age >= self.reserve * mean_age else None
+        mean_age = state.time - view.mean_release()
+        return view.oldest() if age >= scale and age >= self.reserve * mean_age else None
 
     def _reserve_for(self, state: State, rnd: _Round, ref: StageRef) -> Decision:
         """The starving stage first: its agent kept, other unused prompts evicted if that
@@ -801,8 +862,8 @@ class TOPAS(Policy):
         agent = state.agent_of(ref)
         if not plan.try_admit(ref, [a for a in state.evictable() if a != agent]):
             self._kept = (agent,)  # it does not fit yet: evict nothing, admit nothing
-            held = tuple(r for a in sorted(rnd.queues) for r in rnd.queues[a] if r != ref)
-            return Decision(held=held)
+            assert self._view is not None
+            return Decision(held=tuple(r for r in self._view.held(self._view.agents) if r != ref))
         for a in plan.evict:  # the round now starts from the plan's state
             rnd.status[a] = PrefixStatus.ABSENT
         if rnd.status[agent] is PrefixStatus.ABSENT:
@@ -812,11 +873,13 @@ class TOPAS(Policy):
         rnd.free, rnd.slots = plan.free_kv, plan.free_slots
         rnd.current = frozenset(a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT)
         rnd.current_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in sorted(rnd.current))
-        queue = [r for r in rnd.queues[agent] if r != ref]
-        if queue:
-            rnd.queues[agent] = queue
-        else:
-            del rnd.queues[agent]
+        rnd.skip.add(ref)
+        queue = rnd.queues.get(agent)
+        if queue is not None:
+            if ref in queue:
+                queue.remove(ref)
+            if not self._more(rnd, agent, 0):
+                del rnd.queues[agent]
         return self._commit(state, rnd, self._search(state, rnd), plan, agent)
 
     # ------------------------------------------------------------------ retention, retraction
@@ -825,7 +888,7 @@ class TOPAS(Policy):
         """Unused prefixes: those outside the last kept set first, then the least reuse."""
         cands = state.evictable()  # LRU order, kept among ties by the stable sort
         kept = set(self._kept)
-        hops = self._next_hops(state) if self.reuse else {}
+        hops = self._view.hops if self.reuse and self._view is not None else {}
         cands.sort(key=lambda a: (a in kept, hops.get(a, 0) * self._cost(state, a)))
         return cands
 

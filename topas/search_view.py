@@ -1,0 +1,225 @@
+"""The waiting queue as the search sees it, kept across decisions in slot arrays.
+
+A serving loop changes a few tasks per scheduling point while thousands of stages wait.
+:class:`QueueView` keeps, per task, what the search's pack order needs (release, the
+share ``Delta`` of each waiting stage, the expected longest path ``L``) and, per waiting
+stage, its task, agent and KV need, in numpy arrays indexed by slots; per agent, its
+waiting stages (in the order they arrived) and the tasks they belong to; and the total
+next-hop counts ``n_a``. A decision then ranks every waiting stage in a few vector
+operations and sorts in Python only the best ``depth`` of each agent: the most a pack can
+take from one agent.
+
+Every container is filled in a fixed order (callers add sorted keys), so nothing depends
+on the iteration order of a set: decisions are the same in every process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from topas.instance import StageRef
+
+
+class _Slots:
+    """Stable integer slots for keys, reusing freed ones."""
+
+    def __init__(self) -> None:
+        self.of: dict = {}
+        self.free: list[int] = []
+
+    def add(self, key) -> int:  # type: ignore[no-untyped-def]
+        slot = self.free.pop() if self.free else len(self.of)
+        self.of[key] = slot
+        return slot
+
+    def remove(self, key) -> int:  # type: ignore[no-untyped-def]
+        slot = self.of.pop(key)
+        self.free.append(slot)
+        return slot
+
+
+def _grown(a: np.ndarray, n: int, fill: float = 0) -> np.ndarray:
+    if n <= len(a):
+        return a
+    out = np.full(max(n, 2 * len(a)), fill, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+class QueueView:
+    """Tasks and waiting stages of one run (module docstring)."""
+
+    def __init__(self, agents: Iterable[str]) -> None:
+        self.agents = list(agents)
+        self.agent_index = {a: i for i, a in enumerate(self.agents)}
+        self.tasks = _Slots()
+        self.stages = _Slots()
+        self.release = np.zeros(16)
+        self.share = np.zeros(16)
+        self.length = np.ones(16)
+        self.task_used = np.zeros(16, dtype=bool)
+        self.stage_task = np.zeros(64, dtype=np.int64)
+        self.stage_agent = np.zeros(64, dtype=np.int64)
+        self.stage_used = np.zeros(64, dtype=bool)
+        self.stage_order = np.zeros(64, dtype=np.int64)  # rank of its stage id in its task
+        self.waiting: dict[str, dict[StageRef, None]] = {a: {} for a in self.agents}
+        self.task_count: dict[str, dict[str, int]] = {a: {} for a in self.agents}
+        self.hops: dict[str, int] = {}
+        self._task_hops: dict[str, dict[str, int]] = {}
+        self.need: dict[StageRef, int] = {}
+        self.ref_at: list[StageRef | None] = []  # stage slot -> its ref
+
+    # ------------------------------------------------------------------ tasks
+
+    def add_task(self, tid: str, release: float) -> None:
+        slot = self.tasks.add(tid)
+        n = slot + 1
+        self.release, self.share = _grown(self.release, n), _grown(self.share, n)
+        self.length, self.task_used = _grown(self.length, n, 1.0), _grown(self.task_used, n)
+        self.release[slot], self.share[slot], self.length[slot] = release, 0.0, 1.0
+        self.task_used[slot] = True
+
+    def drop_task(self, tid: str) -> None:
+        self.task_used[self.tasks.remove(tid)] = False
+        self.set_hops(tid, {})
+        del self._task_hops[tid]
+
+    def set_task(self, tid: str, share: float, length: float) -> None:
+        slot = self.tasks.of[tid]
+        self.share[slot], self.length[slot] = share, max(length, 1e-9)
+
+    def set_hops(self, tid: str, hops: dict[str, int]) -> None:
+        """The task's contribution to ``n_a``: replaces its previous one."""
+        for a, n in self._task_hops.get(tid, {}).items():
+            left = self.hops[a] - n
+            if left:
+                self.hops[a] = left
+            else:
+                del self.hops[a]
+        for a, n in hops.items():
+            self.hops[a] = self.hops.get(a, 0) + n
+        self._task_hops[tid] = hops
+
+    def mean_release(self) -> float:
+        return float(self.release[self.task_used].mean()) if self.tasks.of else 0.0
+
+    # ------------------------------------------------------------------ waiting stages
+
+    def add_stage(self, ref: StageRef, agent: str, need: int, order: int) -> None:
+        """A waiting stage; ``order``: its id's rank among its task's stage ids."""
+        slot = self.stages.add(ref)
+        n = slot + 1
+        self.stage_task, self.stage_agent = _grown(self.stage_task, n), _grown(self.stage_agent, n)
+        self.stage_used, self.stage_order = _grown(self.stage_used, n), _grown(self.stage_order, n)
+        self.stage_order[slot] = order
+        self.stage_task[slot] = self.tasks.of[ref[0]]
+        self.stage_agent[slot] = self.agent_index[agent]
+        self.stage_used[slot] = True
+        if slot == len(self.ref_at):
+            self.ref_at.append(ref)
+        else:
+            self.ref_at[slot] = ref
+        self.need[ref] = need
+        self.waiting[agent][ref] = None
+        counts = self.task_count[agent]
+        counts[ref[0]] = counts.get(ref[0], 0) + 1
+
+    def drop_stage(self, ref: StageRef) -> None:
+        slot = self.stages.remove(ref)
+        agent = self.agents[int(self.stage_agent[slot])]
+        self.stage_used[slot] = False
+        self.ref_at[slot] = None
+        del self.need[ref]
+        del self.waiting[agent][ref]
+        counts = self.task_count[agent]
+        counts[ref[0]] -= 1
+        if not counts[ref[0]]:
+            del counts[ref[0]]
+
+    def waiting_tasks(self) -> dict[str, int]:
+        """Per agent, the tasks with a waiting stage of it."""
+        return {a: len(c) for a, c in self.task_count.items() if c}
+
+    def held(self, agents: Iterable[str]) -> Iterator[StageRef]:
+        """Every waiting stage of ``agents``, agent by agent in arrival order."""
+        for a in agents:
+            yield from self.waiting[a]
+
+    def first_release(self) -> float | None:
+        """The release time of the earliest released task with a waiting stage."""
+        used = self.stage_used
+        return float(self.release[self.stage_task[used]].min()) if used.any() else None
+
+    def oldest(self) -> StageRef | None:
+        """The waiting stage of the earliest released task (ties: the least ref)."""
+        slots = np.flatnonzero(self.stage_used)
+        if not len(slots):
+            return None
+        rel = self.release[self.stage_task[slots]]
+        first = rel.min()
+        return min(self.ref_at[s] for s in slots[rel == first].tolist())  # type: ignore[type-var]
+
+    # ------------------------------------------------------------------ ranking
+
+    def ranked(self, value: np.ndarray) -> Ranking:
+        """The pack order of every waiting stage (:class:`Ranking`).
+
+        Best first: the highest ``value`` (per task slot), then the shorter task (``length``),
+        then the earlier release, then the task's slot and the stage id's rank within its
+        task, so the order is total and the same in every process."""
+        slots = np.flatnonzero(self.stage_used)
+        task = self.stage_task[slots]
+        glob = np.lexsort(
+            (self.stage_order[slots], task, self.release[task], self.length[task], -value[task])
+        )
+        rank = np.empty(len(slots), dtype=np.int64)
+        rank[glob] = np.arange(len(slots))
+        agent = self.stage_agent[slots]
+        order = np.lexsort((rank, agent))
+        agent_sorted = agent[order]
+        starts = np.flatnonzero(np.r_[True, agent_sorted[1:] != agent_sorted[:-1]]).tolist()
+        ends = [*starts[1:], len(order)]
+        spans = {
+            self.agents[int(agent_sorted[lo])]: (lo, hi)
+            for lo, hi in zip(starts, ends, strict=True)
+            if len(order)
+        }
+        return Ranking(self, slots[order], rank[order], task[order], spans)
+
+
+class Ranking:
+    """One decision's pack order, materialised per agent on demand: a pack reads an
+    agent's stages best first and rarely far, so each agent's are turned into Python
+    objects a chunk at a time (:meth:`take`)."""
+
+    def __init__(
+        self,
+        view: QueueView,
+        slots: np.ndarray,
+        rank: np.ndarray,
+        task: np.ndarray,
+        spans: dict[str, tuple[int, int]],
+    ) -> None:
+        self._view = view
+        self._slots, self._rank, self._task = slots, rank, task
+        self.spans = spans  # agent -> [lo, hi) of its stages in the arrays, best first
+        self._taken = dict.fromkeys(spans, 0)
+
+    def take(self, agent: str, n: int) -> list[tuple[StageRef, int, int]]:
+        """The agent's next ``n`` stages not taken yet: (ref, global rank, task slot)."""
+        lo, hi = self.spans[agent]
+        start = lo + self._taken[agent]
+        stop = min(hi, start + n)
+        self._taken[agent] = stop - lo
+        refs = self._view.ref_at
+        return [
+            (refs[s], r, t)  # type: ignore[misc]
+            for s, r, t in zip(
+                self._slots[start:stop].tolist(),
+                self._rank[start:stop].tolist(),
+                self._task[start:stop].tolist(),
+                strict=True,
+            )
+        ]
