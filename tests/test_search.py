@@ -18,6 +18,7 @@ from topas.search import (
     SCENARIOS,
     TOPAS,
     ServiceModel,
+    _task_next_hops,
     longest_path,
     role_of,
     scenario_levels,
@@ -211,6 +212,47 @@ def test_invariants_in_both_timing_modes(inst):
             verify_step(sched)
 
 
+class Twin(TOPAS):
+    """TOPAS that, at every decision, also asks a twin the same question on a copy of the
+    state: the twin's queue view then syncs by full comparison (a different state object)
+    while this one reads the changes from the end of ``task_epoch``. Both must decide alike,
+    and the view must match the state: its waiting stages and their KV, the tasks per agent,
+    and ``n_a`` recounted from scratch."""
+
+    checked = 0
+
+    def reset(self, ctx):  # type: ignore[no-untyped-def]
+        super().reset(ctx)
+        self.twin = TOPAS()
+        self.twin.reset(ctx)
+
+    def decide(self, state):  # type: ignore[no-untyped-def]
+        d = super().decide(state)
+        assert self.twin.decide(state.copy()) == d
+        view = self._view
+        assert view.need == {r: state.need(r) for r in state.waiting}
+        tasks_of: dict[str, set[str]] = {}
+        for ref in state.waiting:
+            tasks_of.setdefault(state.agent_of(ref), set()).add(ref[0])
+        assert view.waiting_tasks() == {a: len(t) for a, t in tasks_of.items()}
+        hops: dict[str, int] = {}
+        for tid in state.tasks:
+            for a, n in _task_next_hops(state, tid)[0].items():
+                hops[a] = hops.get(a, 0) + n
+        assert view.hops == hops
+        Twin.checked += 1
+        return d
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
+def test_incremental_view_matches_a_full_sync(inst):
+    for timing in ("step", "calibrated"):
+        before = Twin.checked
+        simulate(inst, Twin(), timing=timing)
+        assert Twin.checked > before
+
+
 def test_completes_the_paper_workloads_and_repeats():
     from topas.workloads import generate
 
@@ -393,3 +435,30 @@ def test_retraction_takes_the_least_redo_plus_revoked_credit():
         policy = ready(spec, inst)
         policy._credit[("t2", "r")] = 5.0
         assert policy.retraction_order(state, cands)[0] == first, spec
+
+
+def test_queue_view_ranks_by_value_then_length_release_task_and_stage():
+    # Three tasks; per task slot: value (higher first), length, release. t1 and t2 tie on
+    # value and length; t1 was released first. Task t0's two waiting stages tie on every
+    # task key and go by stage id. Agent A holds t0/b, t0/a and t2/x; agent B holds t1/y.
+    from topas.search_view import QueueView
+
+    view = QueueView(["A", "B"])
+    for tid, release in (("t0", 0.0), ("t1", 1.0), ("t2", 2.0)):
+        view.add_task(tid, release)
+    view.set_task("t0", share=1.0, length=1.0)
+    view.set_task("t1", share=1.0, length=2.0)
+    view.set_task("t2", share=1.0, length=2.0)
+    value = view.share / view.length  # t0: 1, t1: 0.5, t2: 0.5
+    view.add_stage(("t0", "b"), "A", 10, order=1)
+    view.add_stage(("t0", "a"), "A", 10, order=0)
+    view.add_stage(("t2", "x"), "A", 10, order=0)
+    view.add_stage(("t1", "y"), "B", 10, order=0)
+    ranking = view.ranked(value)
+    got = ranking.take("A", 2) + ranking.take("A", 2)
+    assert [r for r, _, _ in got] == [("t0", "a"), ("t0", "b"), ("t2", "x")]
+    assert [rank for _, rank, _ in got] == [0, 1, 3]  # t1/y (rank 2) sits between them
+    assert ranking.take("B", 5)[0][:2] == (("t1", "y"), 2)
+    assert ranking.take("A", 1) == []
+    view.drop_stage(("t0", "a"))
+    assert view.waiting_tasks() == {"A": 2, "B": 1} and view.oldest() == ("t0", "b")

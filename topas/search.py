@@ -2,7 +2,8 @@
 
 Registered as ``topas``; ``topas-base`` is the paper's TOPAS-base (no reuse, no aging) and
 ``topas-greedy`` the earlier single-pass scorer of :mod:`topas.heuristic`. docs/topas.md
-has the derivation, the defaults and the measurements.
+has the derivation, the choices where the paper is silent, the defaults and the
+measurements.
 
 At a scheduling point the decision is the resident prefix set ``R'`` and the running set
 ``Q'``. Stages of agents outside ``R'`` are not admitted (they are ``Decision.held``); a
@@ -11,42 +12,50 @@ drain a prompt on purpose to let the batch grow. Each candidate ``R'`` is packed
 (GREEDYPACK: waiting stages of agents in ``R'`` best first while memory, batch slots and
 the per-decision change budget ``K`` last) and scored, in seconds::
 
-    Score(R', Q') = J_admit - J_move + V_reuse
+    Score(R', Q') = J_admit - J_move + V_reuse - J_redo - J_revoke
     J_admit  = sum over packed r of g_i(t) * Delta(r)
     J_move   = c(a) per waiting task that must wait for a moved prefix a (in or out)
-    V_reuse  = beta * sum over a in R' of n_a(t) * c(a)
+    V_reuse  = beta * sum over a in R' of n_a * c(a)
     g_i(t)   = 1 + rho * log(1 + (t - tau_i) / H_age)
 
 ``c(a)`` is the time to bring prefix ``a`` back: ``mu * l_a / B_swap`` with host swaps,
-its prefill with recompute (``timing.predicted_load_s``). ``Delta(r)`` is the stage's
-share of the cut in its task's expected longest remaining path ``L_i`` when the task's
-waiting stages start now rather than a deferral ``D`` (the mean predicted stage service)
-later: one of several parallel siblings alone cuts nothing, all of them together do, so
-each gets an equal share. ``L_i`` is the mean over :data:`SCENARIOS` scenarios of the
-longest path with each stage's service scaled by a ratio drawn from the learned
-distribution of :class:`ServiceModel` at a stratified level of its own
-(:func:`scenario_levels`: independent across stages, fixed per stage, so deterministic). ``n_a``
-counts the next-hop stages of agent ``a``: not yet ready, every unfinished predecessor
-running.
+its prefill with recompute (``timing.predicted_load_s``); a prefetch (no task waits for
+it) costs nothing but where a load is a prefill that shares the GPU (the calibrated
+model with recompute). ``Delta(r)`` is the stage's share of the cut in its task's
+expected longest remaining path ``L_i`` when the task's waiting stages start now rather
+than a deferral ``D`` (the mean predicted stage service) later: one of several parallel
+siblings alone cuts nothing, all of them together do, so each gets an equal share.
+``L_i`` is the mean over :data:`SCENARIOS` scenarios of the longest path with each
+stage's service scaled by a ratio drawn from the learned distribution of
+:class:`ServiceModel` at a stratified level of its own (:func:`scenario_levels`:
+independent across stages, fixed per stage, so deterministic). ``n_a`` counts the
+next-hop stages of agent ``a`` in the post-decision state: not yet ready, every
+unfinished predecessor running or admitted by the pack.
 
 The budget of a pack is the post-decision one: a dropped prefix whose stages still run
 returns its memory, and theirs, when they finish; stages that fit only in that drained
 memory count at ``max(0, 1 - T / D)`` (``T``: when the drain ends) and are admitted by a
 later decision. Without this a myopic score never drains a busy prompt: keeping it admits
-at least as much now. With at most ``enumerate_max`` (M) active agents every subset is
-scored; otherwise a greedy search from the current residency adds single agents, then
-pairs, then repairs by dropping and swapping, within ``|A|^2`` candidates. Retraction
-(when decode memory runs out) takes the running stage whose loss ``J_redo + J_revoke``
-(decoded tokens times a decode step, plus the admission credit) is least.
+at least as much now. With ``retract=1`` a dropped prefix's running stages may instead be
+retracted at once, for ``J_redo`` (the service they have had) and ``J_revoke`` (their
+admission credit); off by default (docs/topas.md has the measurements). When decode
+memory runs out, the victim is the running stage of least ``J_redo + J_revoke``.
+
+With at most ``enumerate_max`` (M) active agents every subset is scored; otherwise a
+lazy greedy search from the current residency takes single moves (add or drop one agent)
+while one improves the score, then pairs and swaps, within ``|A|^2`` candidates.
 
 Starvation: a task that has waited ``reserve`` times the mean age of the released tasks
-(and at least ``H_age``) and whose stage the search left out gets the next decision to
-itself: its prompt kept, unused ones evicted if that makes it fit, nothing else admitted
-until it runs (the paper's log aging alone does not bound the wait of a stage that needs
-memory the others keep taking). This is an addition to the paper's description.
+(and at least ``H_age``) and whose stage the search left out is admitted first (its
+prompt kept, unused ones evicted if that makes it fit) and the search backfills around
+it; if it does not fit even so, nothing else is admitted until it does (the paper's log
+aging alone does not bound the wait of a stage that needs memory the others keep
+taking). This is an addition to the paper's description.
 
 Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
 fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
+The waiting queue is kept across decisions by :class:`~topas.search_view.QueueView`, so
+a decision re-analyses only the tasks that changed.
 
 Deterministic: a decision depends only on the states the policy has been given (the
 service model learns from their finished stages), never on the wall clock or on the
