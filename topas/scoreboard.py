@@ -19,7 +19,7 @@ import numpy as np
 from topas.instance import StageRef
 
 
-class _Slots:
+class Slots:
     """Stable integer slots for hashable keys, reusing freed ones; arrays grow by doubling."""
 
     def __init__(self) -> None:
@@ -53,8 +53,8 @@ class Scoreboard:
     def __init__(self, agents: Iterable[str]) -> None:
         self.agents = list(agents)
         self.agent_index = {a: i for i, a in enumerate(self.agents)}
-        self.tasks = _Slots()
-        self.stages = _Slots()
+        self.tasks = Slots()
+        self.stages = Slots()
         self._grow_tasks(16)
         self._grow_stages(64)
 

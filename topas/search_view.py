@@ -20,24 +20,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from topas.instance import StageRef
-
-
-class _Slots:
-    """Stable integer slots for keys, reusing freed ones."""
-
-    def __init__(self) -> None:
-        self.of: dict = {}
-        self.free: list[int] = []
-
-    def add(self, key) -> int:  # type: ignore[no-untyped-def]
-        slot = self.free.pop() if self.free else len(self.of)
-        self.of[key] = slot
-        return slot
-
-    def remove(self, key) -> int:  # type: ignore[no-untyped-def]
-        slot = self.of.pop(key)
-        self.free.append(slot)
-        return slot
+from topas.scoreboard import Slots
 
 
 def _grown(a: np.ndarray, n: int, fill: float = 0) -> np.ndarray:
@@ -54,8 +37,8 @@ class QueueView:
     def __init__(self, agents: Iterable[str]) -> None:
         self.agents = list(agents)
         self.agent_index = {a: i for i, a in enumerate(self.agents)}
-        self.tasks = _Slots()
-        self.stages = _Slots()
+        self.tasks = Slots()
+        self.stages = Slots()
         self.release = np.zeros(16)
         self.share = np.zeros(16)
         self.length = np.ones(16)
