@@ -187,3 +187,18 @@ def test_recompute_load_is_separate_from_the_prefill():
     # chunk 10: l = 1 and d = 1 + 1: the stage ends at 1 + 2 = 3, not 2.
     inst = make({"a": 5}, [task("t0", 0, stage("s", "a", 5, 1))], capacity=100)
     assert run(inst, "fcfs").jct == {"t0": 3.0}
+
+
+def test_evaluate_derives_prefix_hits_from_the_prefix_intervals():
+    # KVFlow on CHAIN: s1 is admitted at 0 while a loads (a miss), s2 at 6 with b resident
+    # since 2 (a hit). A schedule that claims every run was a hit, or none, gets the same
+    # rate: evaluate reads the prefix intervals, not the runs' own flags.
+    import dataclasses
+
+    from topas.schedule import prefix_hits
+
+    sched = simulate(make(**CHAIN), make_policy("kvflow"), timing="step")
+    assert prefix_hits(sched) == [False, True]
+    for claim in (True, False):
+        sched.runs = [dataclasses.replace(r, prefix_hit=claim) for r in sched.runs]
+        assert evaluate(sched).prefix_hit_rate == 0.5

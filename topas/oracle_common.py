@@ -16,10 +16,11 @@ caller (``topas.oracle_milp.solve`` runs the baselines).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from topas.instance import HostLoad, Instance, StageRef
-from topas.schedule import PrefixInterval, Schedule, StageRun, step_peak_kv
+from topas.schedule import PrefixInterval, Schedule, StageRun, prefix_hits, step_peak_kv
 from topas.timing import StepTiming
 
 STATUSES = ("optimal", "feasible", "timeout")
@@ -190,19 +191,13 @@ def to_schedule(problem: StepProblem, sol: OracleSolution) -> Schedule:
     for v, s in enumerate(problem.stages):
         start = sol.starts[v]
         end = start + s.duration
-        # admitted at its start with the prefix resident: a hit, as in the replay
         sched.runs.append(
-            StageRun(
-                s.ref[0],
-                s.ref[1],
-                s.agent,
-                start * step,
-                start * step,
-                end * step,
-                preempted=False,
-                prefix_hit=True,
-            )
+            StageRun(s.ref[0], s.ref[1], s.agent, start * step, start * step, end * step)
         )
+    sched.runs = [  # admitted at its start: a hit where the prefix is resident by then
+        dataclasses.replace(run, prefix_hit=hit)
+        for run, hit in zip(sched.runs, prefix_hits(sched), strict=True)
+    ]
     sched.peak_kv_tokens = step_peak_kv(sched)
     return sched
 

@@ -139,8 +139,8 @@ def evaluate(schedule: Schedule) -> Metrics:
         end = max(done[(t.id, s.id)].end for s in t.stages)
         jct[t.id] = end - schedule.release(t.id)
     values = np.array([jct[t.id] for t in inst.tasks], dtype=float)
-    starts = [r for r in schedule.runs]
-    hits = sum(1 for r in starts if r.prefix_hit)
+    starts = schedule.runs
+    hits = sum(prefix_hits(schedule))
     dts = np.array(schedule.decision_times_s, dtype=float)
     objective_steps = None
     if schedule.timing == "step":
@@ -163,6 +163,20 @@ def evaluate(schedule: Schedule) -> Metrics:
         decision_time_p99_s=float(np.percentile(dts, 99)) if dts.size else 0.0,
         objective_steps=objective_steps,
     )
+
+
+def prefix_hits(schedule: Schedule) -> list[bool]:
+    """Per run (in ``schedule.runs`` order): was its agent's prefix resident when it was
+    admitted? Derived from the prefix intervals (resident from ``resident_from`` until
+    ``end``), not from what the producer of the schedule says about itself."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for p in schedule.prefixes:
+        spans[p.agent].append((p.resident_from, p.end))
+    eps = 1e-9
+    return [
+        any(lo - eps <= r.admit < hi - eps for lo, hi in spans.get(r.agent, ()))
+        for r in schedule.runs
+    ]
 
 
 def step_peak_kv(schedule: Schedule) -> int:

@@ -116,6 +116,10 @@ stages changed always are): a refresh would otherwise re-analyse every task at o
 MAX_SAMPLES = 256
 """Observations kept per (agent, role): the most recent ones."""
 
+AGE_FRACTION = 0.5
+"""Default ``H_age`` as a share of the mean predicted critical path of a task (chosen on
+tuning seeds against 1 and 0.25: docs/topas.md)."""
+
 CHUNK = 16
 """Stages of one agent's pack order turned into Python objects at a time (a pack rarely
 reads far into any one agent's queue)."""
@@ -360,7 +364,7 @@ class TOPAS(Policy):
     redo: float = 1.0  # J_redo weight
     revoke: float = 1.0  # J_revoke weight
     aging: float = 3.0  # rho
-    age_scale: float = 0.0  # H_age, seconds; 0 = the mean predicted critical path of a task
+    age_scale: float = 0.0  # H_age, seconds; 0 = AGE_FRACTION x the mean task critical path
     enumerate_max: int = 6  # M: enumerate every subset of at most this many active agents
     max_changes: int = 64  # K: admissions (and retractions) per decision
     search: str = "auto"  # auto | enumerate | greedy | all
@@ -427,12 +431,17 @@ class TOPAS(Policy):
         self._n_paths += 1  # not len(self._paths): finished tasks are pruned from it
         self._mean_path += (path - self._mean_path) / self._n_paths
 
+    @property
+    def _h_age(self) -> float:
+        """H_age: ``age_scale``, else :data:`AGE_FRACTION` of the mean predicted critical
+        path of the tasks seen, so aging works on the workload's own time scale."""
+        return self.age_scale or AGE_FRACTION * max(self._mean_path, 1e-9)
+
     def _weight(self, state: State, tid: str) -> float:
         """g_i(t) = 1 + rho * log(1 + age / H_age)."""
         if not self.aging:
             return 1.0
-        scale = self.age_scale or max(self._mean_path, 1e-9)
-        return 1.0 + self.aging * math.log1p(state.age(tid) / scale)
+        return 1.0 + self.aging * math.log1p(state.age(tid) / self._h_age)
 
     def _sync(self, state: State) -> QueueView:
         """Bring the queue view and the per-task analyses in step with ``state``.
@@ -503,8 +512,7 @@ class TOPAS(Policy):
     def _values(self, view: QueueView, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per task slot: ``g_i(t)`` and the pack order's value (best first)."""
         if self.aging:
-            scale = self.age_scale or max(self._mean_path, 1e-9)
-            w = 1.0 + self.aging * np.log1p(np.maximum(now - view.release, 0.0) / scale)
+            w = 1.0 + self.aging * np.log1p(np.maximum(now - view.release, 0.0) / self._h_age)
         else:
             w = np.ones_like(view.release)
         if self.smith and self.additive:  # the wait counts on its own, as a stage's worth
@@ -849,8 +857,9 @@ class TOPAS(Policy):
 
     def _starving(self, state: State) -> StageRef | None:
         """The oldest task's first waiting stage, if the task has waited ``reserve`` times
-        the mean age of the released tasks and at least ``H_age``: an outlier the flow
-        keeps leaving behind (a stage that needs memory the others keep taking)."""
+        the mean age of the released tasks and at least a mean task's predicted critical
+        path (``age_scale`` when set): an outlier the flow keeps leaving behind (a stage
+        that needs memory the others keep taking)."""
         view = self._view
         if not self.reserve or view is None or not state.waiting:
             return None
@@ -858,7 +867,7 @@ class TOPAS(Policy):
         if first is None:
             return None
         age = state.time - first
-        scale = self.age_scale or max(self._mean_path, 1e-9)
+        scale = self.age_scale or max(self._mean_path, 1e-9)  # a whole task's path at least
         mean_age = state.time - view.mean_release()
         return view.oldest() if age >= scale and age >= self.reserve * mean_age else None
 

@@ -3,7 +3,8 @@
 The certificate that the oracle and the simulator implement the same model: the
 oracle's schedule, replayed by this policy in the step engine, must give exactly the
 oracle's objective. The policy loads, evicts and admits at the recorded steps and asks
-to be woken at the next recorded action (DESIGN rule 12).
+to be woken at the next recorded action (DESIGN rule 12). It fails at the first action
+the state does not allow, naming the step and the action, rather than dropping it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from topas.policies.base import Policy, PolicyContext
 from topas.schedule import PrefixInterval, StageRun
 from topas.state import Decision, State
 from topas.timing import step_seconds
+
+
+class ReplayDivergence(ValueError):
+    """A recorded schedule that the engine's state does not allow at some step."""
 
 
 @dataclass
@@ -55,6 +60,7 @@ class Replay(Policy):
             self._load[round(p.load_start / step)].append(p.agent)
             self._evict[round(p.end / step)].append(p.agent)
         self._steps = sorted(set(self._admit) | set(self._load) | set(self._evict))
+        self._next = 0  # index in _steps of the next recorded step not yet replayed
         self._step_s = step
 
     def _read(self, path: str) -> None:
@@ -68,9 +74,33 @@ class Replay(Policy):
             raise ValueError(f"replay: {path}: not a result file with a schedule ({e})") from None
 
     def decide(self, state: State) -> Decision:
+        """The actions recorded for this step; :class:`ReplayDivergence` at the first one
+        the engine's state does not allow (or a recorded step the engine skipped)."""
         t = round(state.time / self._step_s)
-        evict = tuple(a for a in self._evict.get(t, ()) if state.prefixes[a].evictable)
-        admit = tuple(r for r in self._admit.get(t, ()) if r in state.waiting)
-        later = [s for s in self._steps if s > t]
-        wake = later[0] * self._step_s if later else None
-        return Decision(evict=evict, load=tuple(self._load.get(t, ())), admit=admit, wake_at=wake)
+        steps, i = self._steps, self._next
+        if i < len(steps) and steps[i] < t:
+            raise ReplayDivergence(
+                f"replay: step {steps[i]}: not consulted there (next consulted at step {t})"
+            )
+        if i < len(steps) and steps[i] == t:
+            self._next = i + 1
+        for a in self._evict.get(t, ()):
+            p = state.prefixes[a]
+            if not p.evictable:
+                raise ReplayDivergence(
+                    f"replay: step {t}: evict {a!r}: prefix is {p.status.name.lower()} "
+                    f"with {p.users} running stage(s)"
+                )
+        for ref in self._admit.get(t, ()):
+            if ref not in state.waiting:
+                phase = state.phase[ref].name.lower() if ref in state.phase else "not released"
+                raise ReplayDivergence(
+                    f"replay: step {t}: admit {ref[0]}/{ref[1]}: stage is {phase}"
+                )
+        wake = steps[self._next] * self._step_s if self._next < len(steps) else None
+        return Decision(
+            evict=tuple(self._evict.get(t, ())),
+            load=tuple(self._load.get(t, ())),
+            admit=tuple(self._admit.get(t, ())),
+            wake_at=wake,
+        )
