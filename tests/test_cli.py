@@ -947,15 +947,43 @@ def test_generate_bad_arguments(
     assert os.listdir(tmp_path) == []
 
 
-def test_demo_prints_a_table_of_every_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_prints_topas_beside_every_baseline_and_its_cut(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from topas.cli import main
+    from topas.policies import BASELINES
 
     assert main(["demo", "--tasks", "12", "--load", "0.9"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("workload metagpt-sop")
-    for name in ("fcfs", "lpm", "cpf", "atlas", "kvflow"):
-        assert any(line.startswith(name) for line in lines), name
+    table = lines[3 : 3 + len(BASELINES) + 1]  # after the header and its rule
+    rows = {line.split()[0]: line.split() for line in table}
+    for name in (*BASELINES, "topas"):
+        assert name in rows, name
+    # the cut lines name the best baseline per metric, from the table's own numbers
+    for label, col in (("mean JCT", 1), ("p99 JCT", 4)):
+        line = next(x for x in lines if x.startswith(f"topas {label}:"))
+        best = min(BASELINES, key=lambda b: float(rows[b][col]))
+        assert f"({best})" in line and line.endswith(("faster", "slower"))
+
+
+def test_demo_cut_is_against_the_best_baseline_per_metric() -> None:
+    import dataclasses
+
+    from topas.cli import demo_cuts
+    from topas.schedule import Metrics
+
+    def m(mean: float, p99: float) -> Metrics:
+        zero = {f.name: 0 for f in dataclasses.fields(Metrics) if f.name != "jct"}
+        return Metrics(jct={}, **{**zero, "mean_jct": mean, "p99_jct": p99})
+
+    rows = [("lpm", m(10.0, 40.0)), ("spf", m(8.0, 50.0)), ("topas", m(6.0, 44.0))]
+    rows += [(b, m(99.0, 99.0)) for b in ("fcfs", "cpf", "atlas", "kvflow", "parrot-fcfs", "las")]
+    assert demo_cuts(rows) == [
+        "topas mean JCT: 6.0 s against the best baseline's 8.0 s (spf): 25.0% faster",
+        "topas p99 JCT: 44.0 s against the best baseline's 40.0 s (lpm): 10.0% slower",
+    ]
 
 
 def test_simulate_prediction_error(
