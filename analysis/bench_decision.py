@@ -54,7 +54,7 @@ from topas.state import (
     apply_inplace,
     complete_stage,
     prefix_ready,
-    release_task,
+    task_arrives,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -161,7 +161,7 @@ class ServingLoop:
         st = self.state
         while len(st.waiting) < self.target:
             task = next(self.tasks)
-            release_task(st, TaskInfo.of(task, st.time))
+            task_arrives(st, TaskInfo.of(task, st.time))
             self.released += 1
 
     def _readies(self, ref: tuple[str, str]) -> bool:

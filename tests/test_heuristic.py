@@ -1,7 +1,7 @@
 """The single-pass TOPAS scorer (``topas-greedy``, topas/heuristic.py): each score term on
 a hand-built state, its switches, and the incremental scoreboard against a from-scratch analysis.
 
-States are built with the engine hooks (``release_task``, ``apply_inplace``,
+States are built with the engine hooks (``task_arrives``, ``apply_inplace``,
 ``prefix_ready``, ``complete_stage``) on step-model instances with ``step_s = 1``, chunk 10:
 a stage of ``i`` input and ``o`` output tokens is predicted to take ``ceil(i/10) + o``
 seconds and a prefix of ``p`` tokens ``ceil(p/10)`` seconds to load.
@@ -29,7 +29,7 @@ from topas.state import (
     TaskInfo,
     apply_inplace,
     prefix_ready,
-    release_task,
+    task_arrives,
 )
 
 
@@ -37,7 +37,7 @@ def _state(inst: Instance, resident=(), time: float = 0.0, releases=None) -> Sta
     """Every task released (at ``releases[tid]``, else its arrival), ``resident`` loaded."""
     state = State.initial(inst, kv_of(inst))
     for t in inst.tasks:
-        release_task(state, TaskInfo.of(t, (releases or {}).get(t.id, t.arrival)))
+        task_arrives(state, TaskInfo.of(t, (releases or {}).get(t.id, t.arrival)))
     for a in resident:
         apply_inplace(state, Decision(load=(a,)))
         prefix_ready(state, a)

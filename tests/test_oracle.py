@@ -160,9 +160,9 @@ def test_serial_solution_is_feasible_and_bounds_the_optimum():
     inst = make(**TRADEOFF)
     problem = StepProblem.of(inst)
     from topas.oracle_common import to_schedule
-    from topas.oracle_milp import normalize
+    from topas.oracle_milp import trim_residency
 
-    sched = to_schedule(problem, normalize(problem, serial_solution(problem)))
+    sched = to_schedule(problem, trim_residency(problem, serial_solution(problem)))
     verify_step(sched)
     assert evaluate(sched).objective_steps >= 33
 

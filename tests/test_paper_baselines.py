@@ -26,7 +26,7 @@ from topas.state import (
     apply_inplace,
     complete_stage,
     prefix_ready,
-    release_task,
+    task_arrives,
 )
 
 NEW = ("spf", "parrot-fcfs", "las")
@@ -51,7 +51,7 @@ def resident_state(inst, *agents: str) -> State:
 def release(state: State, inst, tid: str, at: float) -> None:
     state.time = at
     t = inst.task_by_id[tid]
-    release_task(state, TaskInfo.of(t, t.arrival))
+    task_arrives(state, TaskInfo.of(t, t.arrival))
 
 
 def start(state: State, *refs) -> None:

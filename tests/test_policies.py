@@ -31,7 +31,7 @@ from topas.state import (
     apply_inplace,
     complete_stage,
     prefix_ready,
-    release_task,
+    task_arrives,
 )
 
 # --------------------------------------------------------------------------- helpers
@@ -42,7 +42,7 @@ def released(inst) -> State:
     state = State.initial(inst, kv_of(inst))
     for t in sorted(inst.tasks, key=lambda t: t.arrival):
         state.time = t.arrival
-        release_task(state, TaskInfo.of(t, t.arrival))
+        task_arrives(state, TaskInfo.of(t, t.arrival))
     return state
 
 

@@ -1,6 +1,6 @@
 """The post-decision transition (``apply``), the engine hooks and the Planner.
 
-States are built directly (no simulator): ``State.initial`` plus ``release_task``,
+States are built directly (no simulator): ``State.initial`` plus ``task_arrives``,
 then decisions through ``apply`` / ``apply_inplace`` and the engine hooks
 ``prefix_ready`` / ``complete_stage``. A property test drives random states with
 random valid events and checks that every Planner decision is accepted by ``apply``
@@ -30,7 +30,7 @@ from topas.state import (
     apply_inplace,
     complete_stage,
     prefix_ready,
-    release_task,
+    task_arrives,
 )
 
 # --------------------------------------------------------------------------- helpers
@@ -41,7 +41,7 @@ def build(inst, tasks=None, kv_need=None) -> State:
     state = State.initial(inst, kv_need or kv_of(inst))
     for t in inst.tasks:
         if tasks is None or t.id in tasks:
-            release_task(state, TaskInfo.of(t, t.arrival))
+            task_arrives(state, TaskInfo.of(t, t.arrival))
     return state
 
 
@@ -696,7 +696,7 @@ def _random_walk(inst, rnd: random.Random, steps: int, on_plan=None) -> State:
         if op == "release" and pending:
             t = pending.pop(0)
             state.time = max(state.time, t.arrival)
-            release_task(state, TaskInfo.of(t, state.time))
+            task_arrives(state, TaskInfo.of(t, state.time))
         elif op == "plan":
             plan = _random_plan(state, rnd)
             before = snap(state)
@@ -744,7 +744,7 @@ def queue_world(n=4, max_running=None):
     make_resident(state, "a")
     for t in inst.tasks:
         state.time = t.arrival
-        release_task(state, TaskInfo.of(t, t.arrival))
+        task_arrives(state, TaskInfo.of(t, t.arrival))
     return state
 
 

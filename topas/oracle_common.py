@@ -171,8 +171,9 @@ class OracleResult:
     stats: dict[str, float | int | str] = field(default_factory=dict)
 
     @property
-    def gap(self) -> float | None:
-        """Relative gap between objective and bound (0 when proved optimal)."""
+    def solver_gap(self) -> float | None:
+        """The solver's relative gap between its objective and its bound (0 when proved
+        optimal); not a policy's optimality gap (:mod:`topas.gap`)."""
         if self.objective is None:
             return None
         return (self.objective - self.lower_bound) / max(1, self.objective)

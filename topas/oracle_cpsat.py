@@ -389,7 +389,7 @@ def build_model(problem: StepProblem, upper_bound: int, strengthen: bool = True)
 # --------------------------------------------------------------------------- hints, output
 
 
-def normalize(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
+def canonical_form(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
     """The same schedule in the model's canonical form: identical stages in index order,
     every residency interval shrunk to ``[min S - l_a, max E)`` of the stages it serves,
     unused intervals dropped. Never worse: it only frees memory. In host mode the load
@@ -434,7 +434,7 @@ def _slot_of(problem: StepProblem, sol: OracleSolution) -> dict[int, int]:
 
 
 def _add_hint(m: Model, sol: OracleSolution) -> None:
-    """Hint every variable from a (normalized) feasible solution."""
+    """Hint every variable from a feasible solution in canonical form."""
     p = m.problem
     slot_of = _slot_of(p, sol)
     by_agent: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -524,14 +524,14 @@ def solve_cpsat(
     hint_sol = hint_obj = None
     if hint is not None:
         try:
-            hint_sol = normalize(problem, hint)
+            hint_sol = canonical_form(problem, hint)
             hint_obj = _checked(problem, hint_sol)
         except (ScheduleError, KeyError) as e:  # a broken hint is only ignored
             hint_sol = hint_obj = None
             hint_error = str(e)
         else:
             hint_error = ""
-    serial = normalize(problem, serial_solution(problem))
+    serial = canonical_form(problem, serial_solution(problem))
     serial_obj = _checked_loud(problem, serial, objective_of(problem, serial), "serial")
     # every proven bound caps the objective and shrinks the horizon
     ub = min(b for b in (upper_bound, serial_obj, hint_obj) if b is not None)

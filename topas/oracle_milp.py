@@ -85,7 +85,7 @@ def solve(
     runtime = time.perf_counter() - t0
     if sol is None:
         return OracleResult("timeout", None, max(bound, trivial), runtime, None, backend, T, stats)
-    sol = normalize(problem, sol)
+    sol = trim_residency(problem, sol)
     schedule = to_schedule(problem, sol)
     try:
         verify_step(schedule)
@@ -118,10 +118,10 @@ def solution_from_schedule(problem: StepProblem, schedule: Schedule) -> OracleSo
         (p.agent, round(p.resident_from / step) - problem.load[p.agent], round(p.end / step))
         for p in schedule.prefixes
     ]
-    return normalize(problem, OracleSolution(starts, residency))
+    return trim_residency(problem, OracleSolution(starts, residency))
 
 
-def normalize(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
+def trim_residency(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
     """Drop residency intervals no stage uses and end each at its last use: the same
     objective, never more memory."""
     uses: dict[int, int] = {}

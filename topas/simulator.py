@@ -34,7 +34,7 @@ from topas.state import (
     apply_inplace,
     complete_stage,
     prefix_ready,
-    release_task,
+    task_arrives,
 )
 from topas.timing import (
     StepTiming,
@@ -356,7 +356,7 @@ class StepEngine(_Engine):
                 event = True
             while self.pending and self.release_key(self.pending[0])[0] <= t:
                 i = self.pending.popleft()
-                release_task(st, self.task_info(i, st.time))
+                task_arrives(st, self.task_info(i, st.time))
                 event = True
             # ... a load started at L makes the prefix resident from L + l_a (rule 3);
             # stages admitted while it loaded start now (rule 9).
@@ -554,7 +554,7 @@ class CalibratedEngine(_Engine):
         st.time = self.now
         while self.pending and self.inst.tasks[self.pending[0]].arrival <= self.now + 1e-12:
             i = self.pending.popleft()
-            release_task(st, self.task_info(i, self.inst.tasks[i].arrival))
+            task_arrives(st, self.task_info(i, self.inst.tasks[i].arrival))
             self.dirty = True
         if self.host_busy is not None and self.host_busy[0] <= self.now + 1e-12:
             agent = self.host_busy[1]

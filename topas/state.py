@@ -361,12 +361,12 @@ def _preempt(state: State, ref: StageRef) -> None:
     if run is None:
         raise InfeasibleDecision(f"preempt {ref[0]}/{ref[1]}: stage is not running")
     state.generated[ref] = max(state.generated.get(ref, 0), run.generated)  # kept for re-prefill
-    release_stage(state, ref)
+    free_stage(state, ref)
     _enqueue(state, ref)
     _touch(state, ref[0])
 
 
-def release_stage(state: State, ref: StageRef) -> RunInfo:
+def free_stage(state: State, ref: StageRef) -> RunInfo:
     """Free a running stage's KV and slot (completion or preemption)."""
     run = state.running.pop(ref)
     state.kv_committed -= run.reserved
@@ -379,8 +379,9 @@ def release_stage(state: State, ref: StageRef) -> RunInfo:
 # --------------------------------------------------------------------------- engine hooks
 
 
-def release_task(state: State, info: TaskInfo) -> list[StageRef]:
-    """Register a released task; its root stages become waiting. Returns them."""
+def task_arrives(state: State, info: TaskInfo) -> list[StageRef]:
+    """A task arrives (is released): it is registered and its root stages become waiting.
+    Returns them."""
     state.tasks[info.id] = info
     state.unfinished[info.id] = len(info.stages)
     _touch(state, info.id)
@@ -397,7 +398,7 @@ def release_task(state: State, info: TaskInfo) -> list[StageRef]:
 
 def complete_stage(state: State, ref: StageRef, service_s: float) -> list[StageRef]:
     """A running stage finished: free it, unblock its children. Returns newly ready stages."""
-    release_stage(state, ref)
+    free_stage(state, ref)
     state.phase[ref] = Phase.DONE
     state.generated.pop(ref, None)
     state.done_service[ref] = service_s
