@@ -1004,3 +1004,25 @@ def test_simulate_prediction_error(
             capsys, "compare", calibrated_file, "--prediction-error", bad, "--no-progress"
         )
         assert_one_line_error(rc, out, err, "--prediction-error")
+
+
+def test_an_internal_error_is_not_reported_as_bad_input(
+    tmp_path: Path, calibrated_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    # a ValueError from deep inside the engine is a bug, not bad input: its own status
+    # (70, EX_SOFTWARE), a message that says so, a request to report it, no output file;
+    # bad input keeps status 2 and one line
+    import topas.cli as cli
+
+    def broken(*args: Any, **kw: Any) -> None:
+        raise ValueError("kv_committed went negative")
+
+    monkeypatch.setattr(cli, "simulate", broken)
+    out_file = tmp_path / "r.json"
+    rc = cli.main(["simulate", str(calibrated_file), "--policy", "lpm", "--out", str(out_file)])
+    err = capsys.readouterr().err
+    assert rc == cli.EXIT_SOFTWARE == 70
+    assert err.startswith("topas: internal error: ValueError: kv_committed went negative\n")
+    assert "Please report it" in err and not out_file.exists()
+    rc = cli.main(["simulate", str(calibrated_file), "--policy", "nope", "--out", str(out_file)])
+    assert rc == 2 and capsys.readouterr().err.count("\n") == 1

@@ -1,8 +1,10 @@
 """The ``topas`` command line: generate, workloads, profiles, simulate, compare, oracle, gap, demo.
 
-Bad input (a malformed instance, an unknown policy or parameter) prints one line
-``topas: error: ...`` and exits with status 2, without a traceback and without
-writing any output file.
+Bad input (a malformed instance, an unknown policy or parameter: an ``InputError``)
+prints one line ``topas: error: ...`` and exits with status 2, without a traceback and
+without writing any output file. Anything else is a bug in topas (or in a user's own
+policy): ``topas: internal error: ...``, a request to report it, and status 70
+(``EX_SOFTWARE``), so that it never passes for bad input.
 """
 
 from __future__ import annotations
@@ -16,18 +18,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from topas.instance import Instance, InstanceError, load_instance, save_instance, write_text_atomic
-from topas.policies import BASELINES, PolicySpecError, available, make_policy, split_specs
+from topas.errors import InputError
+from topas.instance import Instance, load_instance, save_instance, write_text_atomic
+from topas.policies import BASELINES, available, make_policy, split_specs
 from topas.results import package_version, result_document, write_result
 from topas.schedule import Metrics, Schedule, evaluate
-from topas.simulator import SimulationError, simulate
+from topas.simulator import simulate
 from topas.timing import TIMING_MODES
 
 EXIT_USAGE = 2
+EXIT_SOFTWARE = 70  # sysexits.h: an internal software error
 
 
-class CliError(Exception):
-    """A user error: reported in one line, exit status 2."""
+class CliError(InputError):
+    """A user error found by the command line itself: one line, exit status 2."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (CliError, InstanceError, PolicySpecError, SimulationError, ValueError) as e:
+    except InputError as e:
         print(f"topas: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and the like
@@ -48,6 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("topas: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug: say so, and never as bad input
+        print(
+            f"topas: internal error: {type(e).__name__}: {e}\n"
+            "This is a bug (in topas, or in a policy of your own). Please report it with "
+            "the command line and its input files.",
+            file=sys.stderr,
+        )
+        return EXIT_SOFTWARE
 
 
 def build_parser() -> argparse.ArgumentParser:

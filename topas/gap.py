@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from topas.errors import InputError
 from topas.instance import Instance, write_text_atomic
 from topas.oracle_common import OracleResult
 from topas.policies import BASELINES, available, make_policy
@@ -163,70 +164,70 @@ def validate_config(config: GapConfig) -> tuple[str, ...]:
     from topas.workloads import get_workload
 
     if isinstance(config.families, str) or not config.families:
-        raise ValueError("families: give at least one workload family (a tuple of names)")
+        raise InputError("families: give at least one workload family (a tuple of names)")
     for f in config.families:
         try:
             get_workload(f)
         except ValueError as e:
-            raise ValueError(f"families: {e}") from None
+            raise InputError(f"families: {e}") from None
     if len(set(config.families)) != len(config.families):
-        raise ValueError(f"families: duplicates in {', '.join(config.families)}")
+        raise InputError(f"families: duplicates in {', '.join(config.families)}")
     if isinstance(config.task_counts, int) or not config.task_counts:
-        raise ValueError("task_counts: give at least one task count (a tuple of integers)")
+        raise InputError("task_counts: give at least one task count (a tuple of integers)")
     for n in config.task_counts:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TASKS:
-            raise ValueError(f"task_counts: {n!r} is not an integer in 1..{MAX_TASKS}")
+            raise InputError(f"task_counts: {n!r} is not an integer in 1..{MAX_TASKS}")
     if len(set(config.task_counts)) != len(config.task_counts):
-        raise ValueError(f"task_counts: duplicates in {config.task_counts}")
+        raise InputError(f"task_counts: duplicates in {config.task_counts}")
     if (
         isinstance(config.instances, bool)
         or not isinstance(config.instances, int)
         or not 1 <= config.instances <= MAX_INSTANCES
     ):
-        raise ValueError(f"instances: {config.instances!r} is not an integer in 1..{MAX_INSTANCES}")
+        raise InputError(f"instances: {config.instances!r} is not an integer in 1..{MAX_INSTANCES}")
     if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
-        raise ValueError(f"seed: {config.seed!r} is not an integer >= 0")
+        raise InputError(f"seed: {config.seed!r} is not an integer >= 0")
     if config.backend not in BACKENDS:
-        raise ValueError(f"backend: unknown {config.backend!r}; choose from {', '.join(BACKENDS)}")
+        raise InputError(f"backend: unknown {config.backend!r}; choose from {', '.join(BACKENDS)}")
     if config.backend == "cpsat" and not backend_available("cpsat"):
-        raise ValueError("backend: cpsat is not available (topas.oracle_cpsat is missing)")
+        raise InputError("backend: cpsat is not available (topas.oracle_cpsat is missing)")
     tl = config.time_limit
     if isinstance(tl, bool) or not isinstance(tl, int | float) or not math.isfinite(tl) or tl <= 0:
-        raise ValueError(f"time_limit: {tl!r} is not a finite number of seconds > 0")
+        raise InputError(f"time_limit: {tl!r} is not a finite number of seconds > 0")
     if isinstance(config.jobs, bool) or not isinstance(config.jobs, int) or config.jobs == 0:
-        raise ValueError(f"jobs: {config.jobs!r} is not a nonzero integer (-1: every core)")
+        raise InputError(f"jobs: {config.jobs!r} is not a nonzero integer (-1: every core)")
     if (
         isinstance(config.threads, bool)
         or not isinstance(config.threads, int)
         or config.threads < 1
     ):
-        raise ValueError(f"threads: {config.threads!r} is not an integer >= 1")
+        raise InputError(f"threads: {config.threads!r} is not an integer >= 1")
     if config.profile is not None:
         from topas.profiles import ProfileError, get_profile
 
         try:
             get_profile(config.profile)
         except ProfileError as e:
-            raise ValueError(f"profile: {e}") from None
+            raise InputError(f"profile: {e}") from None
     if config.policies is not None and (isinstance(config.policies, str) or not config.policies):
-        raise ValueError("policies: give at least one policy spec (a tuple), or None for all")
+        raise InputError("policies: give at least one policy spec (a tuple), or None for all")
     specs = config.resolved_policies()
     if not specs:
-        raise ValueError("policies: no registered policy to run")
+        raise InputError("policies: no registered policy to run")
     for spec in specs:
         if not isinstance(spec, str) or not spec.strip():
-            raise ValueError(f"policies: empty or non-string spec {spec!r}")
+            raise InputError(f"policies: empty or non-string spec {spec!r}")
         if spec.strip().partition(":")[0] in EXCLUDED_POLICIES:
-            raise ValueError(
+            raise InputError(
                 f"policies: {spec!r} replays one recorded schedule; it cannot run on "
                 "generated instances"
             )
         try:
             make_policy(spec)
         except ValueError as e:  # PolicySpecError
-            raise ValueError(f"policies: {e}") from None
+            raise InputError(f"policies: {e}") from None
     if len(set(specs)) != len(specs):
-        raise ValueError(f"policies: duplicates in {', '.join(specs)}")
+        raise InputError(f"policies: duplicates in {', '.join(specs)}")
     return specs
 
 
@@ -387,7 +388,7 @@ def run_gap_study(
     specs = validate_config(config)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out_dir: {out} exists and is not a folder")
+        raise InputError(f"out_dir: {out} exists and is not a folder")
     cmd = command or gap_command(config, out)
     jobs = [
         (family, n, i)

@@ -22,6 +22,8 @@ from typing import Any
 
 import networkx as nx
 
+from topas.errors import InputError
+
 FORMAT = "topas-instance/1"
 
 _UMASK = os.umask(0)
@@ -31,7 +33,7 @@ StageRef = tuple[str, str]
 """A stage is named by ``(task_id, stage_id)``: stage ids are unique within a task."""
 
 
-class InstanceError(ValueError):
+class InstanceError(InputError):
     """An instance is malformed. The message names the file (when known), field and id."""
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pulp
 
+from topas.errors import InputError
 from topas.instance import Instance
 from topas.oracle_common import (
     OracleError,
@@ -63,7 +64,7 @@ def solve(
     ``timeout`` at once.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"unknown oracle backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        raise InputError(f"unknown oracle backend {backend!r}; choose from {', '.join(BACKENDS)}")
     t0 = time.perf_counter()
     problem = StepProblem.of(instance)
     hint = solution_from_schedule(problem, warm_start) if warm_start else serial_solution(problem)
@@ -110,7 +111,7 @@ def solution_from_schedule(problem: StepProblem, schedule: Schedule) -> OracleSo
     start is its transfer's, ``resident_from - l_a`` (a host load queued behind another
     was requested earlier and held its KV from the request)."""
     if schedule.timing != "step":
-        raise ValueError("warm_start must be a step-model schedule")
+        raise InputError("warm_start must be a step-model schedule")
     index = {s.ref: v for v, s in enumerate(problem.stages)}
     step = problem.step_s
     starts = {index[r.ref]: round(r.start / step) for r in schedule.completed().values()}

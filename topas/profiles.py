@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from topas.errors import InputError
 from topas.instance import (
     HostLoad,
     Instance,
@@ -39,7 +40,7 @@ MOVEMENTS = ("recompute", "swap")
 """How an absent prefix becomes resident: prefill it again, or copy it from host memory."""
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     """An unknown profile name or a profile with impossible numbers."""
 
 

@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from topas.errors import InputError
 from topas.instance import HostLoad, StageRef
 from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.search_view import QueueView, Ranking
@@ -378,11 +379,11 @@ class TOPAS(Policy):
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
         if self.search not in SEARCH_MODES:
-            raise ValueError(
+            raise InputError(
                 f"search: unknown mode {self.search!r} (valid: {', '.join(SEARCH_MODES)})"
             )
         if self.enumerate_max < 0 or self.max_changes < 1:
-            raise ValueError("enumerate_max must be >= 0 and max_changes >= 1")
+            raise InputError("enumerate_max must be >= 0 and max_changes >= 1")
         self.model = ServiceModel()
         self._pred = Predictions(ctx)
         self._mean_path = 0.0  # mean predicted critical path of the tasks seen (H_age)

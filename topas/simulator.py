@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from topas.errors import InputError
 from topas.instance import HostLoad, Instance, StageRef
 from topas.policies.base import Policy, PolicyContext
 from topas.schedule import PrefixInterval, Schedule, StageRun, step_peak_kv
@@ -70,10 +71,10 @@ def simulate(
     ``progress(n)`` is called as stages finish.
     """
     if timing not in ("step", "calibrated"):
-        raise ValueError(f"timing must be 'step' or 'calibrated', got {timing!r}")
+        raise InputError(f"timing must be 'step' or 'calibrated', got {timing!r}")
     if prediction_error:
         if predicted is not None:
-            raise ValueError("give predicted or prediction_error, not both")
+            raise InputError("give predicted or prediction_error, not both")
         predicted = perturbed_predictions(instance, prediction_error, seed)
     policy.reset(PolicyContext(server=instance.server, timing=timing, seed=seed))
     engine_cls = StepEngine if timing == "step" else CalibratedEngine
@@ -93,9 +94,9 @@ def perturbed_predictions(instance: Instance, sigma: float, seed: int) -> dict[S
     predictions and every policy run with that seed is told the same lengths.
     """
     if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not sigma >= 0:
-        raise ValueError(f"prediction_error: must be a number >= 0, got {sigma!r}")
+        raise InputError(f"prediction_error: must be a number >= 0, got {sigma!r}")
     if not math.isfinite(sigma):
-        raise ValueError(f"prediction_error: must be finite, got {sigma!r}")
+        raise InputError(f"prediction_error: must be finite, got {sigma!r}")
     import numpy as np
 
     refs = [(t.id, s.id, s.predicted_output) for t in instance.tasks for s in t.stages]

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from topas.errors import InputError
 from topas.instance import InstanceError, Stage, Task
 
 KEY = "topas"
@@ -39,7 +40,7 @@ VERSION = 1
 SCHEMA = "topas-meta/1"
 
 
-class MetadataError(ValueError):
+class MetadataError(InputError):
     """Metadata that is missing or malformed: the request is scheduled as untagged."""
 
 

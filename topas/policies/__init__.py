@@ -13,6 +13,7 @@ import importlib.util
 from importlib.metadata import entry_points
 from typing import Any
 
+from topas.errors import InputError
 from topas.heuristic import TOPASGreedy
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 
-class PolicySpecError(ValueError):
+class PolicySpecError(InputError):
     """A policy spec that names no policy or sets an unknown or ill-typed parameter."""
 
 

@@ -13,6 +13,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from topas.errors import InputError
 from topas.instance import StageRef
 from topas.policies.base import Policy, PolicyContext
 from topas.schedule import PrefixInterval, StageRun
@@ -20,7 +21,7 @@ from topas.state import Decision, State
 from topas.timing import step_seconds
 
 
-class ReplayDivergence(ValueError):
+class ReplayDivergence(InputError):
     """A recorded schedule that the engine's state does not allow at some step."""
 
 
@@ -71,7 +72,7 @@ class Replay(Policy):
             self.runs = [StageRun(**r) for r in sched["runs"] if not r.get("preempted")]
             self.prefixes = [PrefixInterval(**p) for p in sched["prefixes"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"replay: {path}: not a result file with a schedule ({e})") from None
+            raise InputError(f"replay: {path}: not a result file with a schedule ({e})") from None
 
     def decide(self, state: State) -> Decision:
         """The actions recorded for this step; :class:`ReplayDivergence` at the first one

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from topas.errors import InputError
 from topas.instance import Agent, Instance, ServerSpec, Stage, StepCost, Task
 from topas.profiles import DEFAULT_PROFILE, ServerProfile, get_profile
 from topas.workloads._common import (
@@ -89,7 +90,7 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown workload {name!r} (valid: {', '.join(WORKLOADS)})") from None
+        raise InputError(f"unknown workload {name!r} (valid: {', '.join(WORKLOADS)})") from None
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -144,14 +145,14 @@ def resolve_params(name: str, params: Mapping[str, Any] | None = None) -> dict[s
     out = dict(defaults)
     for k, v in (params or {}).items():
         if k not in defaults:
-            raise ValueError(
+            raise InputError(
                 f"unknown parameter {k!r} for workload {name!r} "
                 f"(valid: {', '.join(sorted(defaults))})"
             )
         out[k] = _coerce(k, v, defaults[k])
     share = out["prefix_share"]
     if not 0 < share <= 1:
-        raise ValueError(f"parameter prefix_share: must be in (0, 1], got {share}")
+        raise InputError(f"parameter prefix_share: must be in (0, 1], got {share}")
     return out
 
 
@@ -272,7 +273,7 @@ def _check_positive(name: str, x: Any, integer: bool = False) -> None:
     ok = isinstance(x, kind) and not isinstance(x, bool) and math.isfinite(x) and x > 0
     if not ok:
         what = "a positive integer" if integer else "a finite number > 0"
-        raise ValueError(f"{name}: must be {what}, got {x!r}")
+        raise InputError(f"{name}: must be {what}, got {x!r}")
 
 
 def generate(
@@ -356,15 +357,15 @@ def _generate(
     p = resolve_params(name, params)
     _check_positive("num_tasks", num_tasks, integer=True)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
+        raise InputError(f"seed: must be an integer >= 0, got {seed!r}")
     if load is not None and rate is not None:
-        raise ValueError("load and rate are mutually exclusive: give one of them")
+        raise InputError("load and rate are mutually exclusive: give one of them")
     if load is not None:
         _check_positive("load", load)
     if rate is not None:
         _check_positive("rate", rate)
     if timing not in TIMINGS:
-        raise ValueError(f"timing: unknown {timing!r} (valid: {', '.join(TIMINGS)})")
+        raise InputError(f"timing: unknown {timing!r} (valid: {', '.join(TIMINGS)})")
     _check_positive("token_scale", token_scale)
     if (
         isinstance(prediction_sigma, bool)
@@ -372,7 +373,7 @@ def _generate(
         or not math.isfinite(prediction_sigma)
         or prediction_sigma < 0
     ):
-        raise ValueError(
+        raise InputError(
             f"prediction_sigma: must be a finite number >= 0, got {prediction_sigma!r}"
         )
 

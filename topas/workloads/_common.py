@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from topas.errors import InputError
 from topas.instance import (
     Agent,
     HostLoad,
@@ -181,12 +182,12 @@ def positive_poisson(rng: np.random.Generator, mean: float, cap: int) -> int:
 
 def require(cond: bool, message: str) -> None:
     if not cond:
-        raise ValueError(message)
+        raise InputError(message)
 
 
 def require_choice(value: Any, name: str, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ValueError(
+        raise InputError(
             f"parameter {name}: invalid value {value!r} (valid: {', '.join(map(str, choices))})"
         )
 

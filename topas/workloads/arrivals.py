@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from topas.errors import InputError
+
 DEFAULT_LOAD = 0.8
 """Chosen: a busy but stable server, where queueing and prefix retention both matter."""
 
@@ -18,9 +20,9 @@ DEFAULT_LOAD = 0.8
 def rate_for_load(load: float, mean_demand_s: float) -> float:
     """Arrival rate (tasks per second, or per step) that gives load factor ``load``."""
     if not (math.isfinite(load) and load > 0):
-        raise ValueError(f"load: must be a finite number > 0, got {load!r}")
+        raise InputError(f"load: must be a finite number > 0, got {load!r}")
     if not mean_demand_s > 0:
-        raise ValueError(f"mean task demand must be > 0, got {mean_demand_s!r}")
+        raise InputError(f"mean task demand must be > 0, got {mean_demand_s!r}")
     return load / mean_demand_s
 
 
@@ -33,7 +35,7 @@ def poisson_arrivals(
     microseconds, or, with ``integer=True`` (step timing), floored to whole steps.
     """
     if not (math.isfinite(rate) and rate > 0):
-        raise ValueError(f"rate: must be a finite number > 0, got {rate!r}")
+        raise InputError(f"rate: must be a finite number > 0, got {rate!r}")
     gaps = rng.exponential(1.0 / rate, size=max(0, num_tasks - 1))
     times = np.concatenate([[0.0], np.cumsum(gaps)])[:num_tasks]
     if integer:
