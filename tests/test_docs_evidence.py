@@ -1,0 +1,115 @@
+"""The tables in docs/topas.md agree with the committed summaries they cite.
+
+Each study writes ``summary.md`` and ``config.json``; the ones behind the docs live in
+``docs/results/``. These tests read a table in the docs and the summary it comes from
+and compare every figure, so a re-run that is committed without the docs (or the other
+way round) fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+
+
+def table(text: str, header_start: str) -> list[list[str]]:
+    """The rows (cells stripped, bold removed) of the first table whose header line
+    starts with ``header_start``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip().replace("**", "") for c in line.strip("|").split("|")])
+    return rows
+
+
+def numbers(cell: str) -> list[float]:
+    return [float(x) for x in NUMBER.findall(cell)]
+
+
+def section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n### ", start + len(heading))
+    return text[start : None if end < 0 else end]
+
+
+@pytest.fixture(scope="module")
+def topas_md() -> str:
+    return (DOCS / "topas.md").read_text()
+
+
+def test_paper_setting_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(section(topas_md, "### In the paper's setting"), "| workload | paper mean / p99")
+    summary = (DOCS / "results" / "paper" / "summary.md").read_text()
+    ours = {r[0]: r for r in table(summary, "| workload | paper mean JCT cut %")}
+    assert [r[0] for r in docs] == list(ours)
+    for row in docs:
+        s = ours[row[0]]
+        # peak cut, its CI and its load; mean over loads; for mean then p99 JCT
+        for d_peak, d_mean, s_peak, s_mean in (
+            (row[2], row[3], s[2], s[3]),
+            (row[4], row[5], s[5], s[6]),
+        ):
+            assert numbers(d_peak)[:3] == numbers(s_peak)[:3], (row[0], d_peak, s_peak)
+            assert numbers(d_mean) == numbers(s_mean), (row[0], d_mean, s_mean)
+    counts = re.search(r"(\d+) wins, (\d+) ties \(CI includes 0\), (\d+) losses", summary)
+    assert counts is not None
+    wins, ties, losses = counts.groups()
+    assert f"wins {wins} beyond the CI, ties {ties} and\n**loses {losses}**" in topas_md
+
+
+def test_gap_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(section(topas_md, "### Distance to the optimum"), "| policy | mean gap")
+    summary = (DOCS / "results" / "gap" / "summary.md").read_text()
+    ours = {r[0]: r for r in table(summary, "| policy | n | mean gap %")}
+    assert {r[0] for r in docs} == set(ours)
+    for row in docs:
+        s = ours[row[0]]
+        # mean, p90 and max gap %; mean and max steps; at optimum
+        want = [s[2], s[3], s[4], s[5], s[7], s[8]]
+        assert [numbers(c) for c in row[1:]] == [numbers(c) for c in want], row[0]
+
+
+def test_compare_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(
+        section(topas_md, "### Against the best baseline on today's"), "| workload | mean JCT"
+    )
+    summary = (DOCS / "results" / "compare" / "summary.md").read_text()
+    for row in docs:
+        rows = {r[0]: r for r in table(section(summary, f"## {row[0]}\n"), "| load |")}
+        for cell, load, col in (
+            (row[1], "1", 4),
+            (row[2], "1", 8),
+            (row[3], "1.2", 4),
+            (row[4], "1.2", 8),
+        ):
+            got = rows[load]
+            assert numbers(cell)[:2] == numbers(got[col])[:2], (row[0], load, cell, got[col])
+            best = got[1] if col == 4 else got[5]
+            assert f"({best})" in cell, (row[0], load, cell)
+
+
+def test_ablation_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(section(topas_md, "### Ablation"), "| variant | chain")
+    summary = (DOCS / "results" / "ablation" / "summary.md").read_text()
+    ours = {r[0].removeprefix("topas:"): r for r in table(summary, "| variant | chain")}
+    for row in docs:
+        names = [n.strip(" `") for n in row[0].split(",")]
+        for name in names:
+            s = ours[name]
+            for d, w in zip(row[1:], s[1:], strict=True):
+                assert numbers(d) == numbers(w) or numbers(d) == [0.0], (name, d, w)
+
+
+def test_every_cited_summary_is_committed(topas_md: str) -> None:
+    cited = set(re.findall(r"\(results/([\w-]+)/summary\.md\)", topas_md))
+    assert cited >= {"paper", "paper-greedy", "gap", "compare", "ablation", "starvation"}
+    for name in cited:
+        assert (DOCS / "results" / name / "summary.md").is_file(), name
