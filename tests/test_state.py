@@ -30,6 +30,7 @@ from topas.state import (
     apply_inplace,
     complete_stage,
     prefix_ready,
+    stamp_task,
     task_arrives,
 )
 
@@ -839,3 +840,21 @@ def test_a_decision_not_applied_leaves_the_queue_intact():
     assert queue.admit(qstate).admit == []
     qstate.capacity = 10**6
     assert queue.admit(qstate).admit == list(qstate.waiting)
+
+
+def test_stamps_belong_to_the_state_and_its_copies():
+    # A process-global counter made a run's stamps depend on what ran before it in the
+    # same process; each state now owns its counter, and a copy shares it, so stamps
+    # stay unique between a state and its copies (policies compare them across both).
+    inst = make({"A": 10}, [task("t0", 0, stage("s", "A", 5, 5))], capacity=100)
+
+    def first_stamps() -> tuple[int, int]:
+        state = build(inst)
+        return state.wait_stamp[("t0", "s")], state.task_epoch["t0"]
+
+    assert first_stamps() == first_stamps()
+    state = build(inst)
+    twin = state.copy()
+    stamp_task(state, "t0")
+    stamp_task(twin, "t0")
+    assert state.task_epoch["t0"] != twin.task_epoch["t0"]

@@ -16,7 +16,7 @@ by release time. Tasks with no request queued or running are not part of the vie
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from topas.instance import ServerSpec, Task
@@ -59,10 +59,13 @@ def observed_state(
     now: float,
     kv_need: KvNeed,
     finished: Mapping[str, Iterable[str]] | None = None,
+    stamps: Iterator[int] | None = None,
 ) -> State:
     """The scheduler's view of an engine: ``requests`` queued or running, the agents in
     ``resident`` with their prompts cached, at time ``now``; ``finished`` maps a task to
-    the stages whose requests the engine has seen complete."""
+    the stages whose requests the engine has seen complete. A caller that observes the
+    same engine round after round passes one ``stamps`` counter to every call, so that a
+    task's epoch never repeats between rounds (policies cache per-task results by it)."""
     state = State(
         time=now,
         capacity=server.kv_capacity_tokens,
@@ -70,6 +73,8 @@ def observed_state(
         kv_need=kv_need,
         prefixes={a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()},
     )
+    if stamps is not None:
+        state.stamps = stamps
     by_task: dict[str, dict[str, Request]] = {}
     for r in requests:
         seen = by_task.setdefault(r.task.id, {})

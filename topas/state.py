@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -144,7 +144,7 @@ class State:
     waiting: dict[StageRef, float] = field(default_factory=dict)  # ready time; dict order =
     # the order in which stages reached the server
     wait_stamp: dict[StageRef, int] = field(default_factory=dict)  # same keys as waiting:
-    # a stamp, increasing in insertion order and unique across states (see WaitingQueue)
+    # a stamp, increasing in insertion order and unique across copies (see WaitingQueue)
     running: dict[StageRef, RunInfo] = field(default_factory=dict)  # admitted or running
     prefixes: dict[str, PrefixInfo] = field(default_factory=dict)
     kv_committed: int = 0  # loading/resident prefixes + reservations of running stages
@@ -153,9 +153,12 @@ class State:
     # stage ran (start to end), for attained-service policies
     unfinished: dict[str, int] = field(default_factory=dict)  # task -> stages not done
     task_epoch: dict[str, int] = field(default_factory=dict)  # task -> stamp of its last
-    # phase change, unique across all states: policies cache per-task results by it.
-    # Ordered by stamp (the last changed task last), so a policy can read the tasks
-    # changed since stamp e from the end: ``reversed(state.task_epoch.items())``
+    # phase change, unique across the state and its copies: policies cache per-task
+    # results by it. Ordered by stamp (the last changed task last), so a policy can read
+    # the tasks changed since stamp e from the end: ``reversed(state.task_epoch.items())``
+    stamps: Iterator[int] = field(
+        default_factory=lambda: itertools.count(1), repr=False, compare=False
+    )  # the source of both kinds of stamp; shared by copies, so stamps never collide
 
     # ------------------------------------------------------------------ construction
 
@@ -235,13 +238,11 @@ class State:
 
 # --------------------------------------------------------------------------- transition
 
-_EPOCHS = itertools.count(1)
-
 
 def stamp_task(state: State, task_id: str) -> None:
     """Record that a stage of ``task_id`` changed phase (engines and observers call it)."""
     state.task_epoch.pop(task_id, None)  # re-insert: the dict stays ordered by stamp
-    state.task_epoch[task_id] = next(_EPOCHS)
+    state.task_epoch[task_id] = next(state.stamps)
 
 
 _touch = stamp_task
@@ -251,7 +252,7 @@ def enqueue_stage(state: State, ref: StageRef, ready_at: float) -> None:
     """``ref`` became ready at ``ready_at``: it joins the end of the waiting queue."""
     state.phase[ref] = Phase.WAITING
     state.waiting[ref] = ready_at
-    state.wait_stamp[ref] = next(_EPOCHS)
+    state.wait_stamp[ref] = next(state.stamps)
 
 
 def _enqueue(state: State, ref: StageRef) -> None:

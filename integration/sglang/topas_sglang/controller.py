@@ -25,6 +25,7 @@ to read the chunked-prefill size from its server args.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -84,6 +85,8 @@ class Controller:
         make_policy(self.policy_spec)  # a bad spec fails at server start, not mid-run
         self.cache: Any = None
         self.releases: dict[str, float] = {}  # task -> first seen (perf_counter clock)
+        self.stamps = itertools.count(1)  # one counter for every observed state: epochs
+        # never repeat between rounds
         self.finished: dict[str, set[str]] = {}  # task -> stages seen finishing
         self.task_size: dict[str, int] = {}
         self.in_flight: set[StageRef] = set()  # stages queued or running at the last look
@@ -202,6 +205,7 @@ class Controller:
             now,
             _kv_need(tasks, self.prefix_tokens, server.kv_capacity_tokens),
             {tid: done for tid, done in self.finished.items() if tid in tasks},
+            self.stamps,
         )
 
     def _server_spec(self) -> ServerSpec:
