@@ -197,3 +197,22 @@ def test_time_limited_bounds_never_exceed_the_optimum(backend):
     assert r.lower_bound <= reference.objective
     if r.status == "optimal":
         assert r.objective == reference.objective
+
+
+def test_an_infeasible_warm_start_is_refused_before_it_bounds_anything():
+    # CHAIN under kvflow: s1 runs 2..6, b is prefetched (resident from 2), s2 runs 6..10.
+    # A "warm start" that starts s2 at 3, before s1 ends, claims a smaller objective than
+    # the optimum; used as an upper bound it would cut the optimum off. The old code took
+    # it as it was; the verifier now refuses it first, naming the problem.
+    import dataclasses
+
+    from topas.errors import InputError
+
+    inst = make(**CHAIN)
+    good = simulate(inst, make_policy("kvflow"), timing="step")
+    runs = sorted(good.runs, key=lambda r: r.start)
+    early = dataclasses.replace(runs[1], start=3.0, admit=3.0, end=runs[1].end - 3.0)
+    bad = dataclasses.replace(good, runs=[runs[0], early])
+    with pytest.raises(InputError, match="warm_start: not a feasible step-model schedule"):
+        solve(inst, backend="cbc", time_limit=30, warm_start=bad)
+    assert solve(inst, backend="cbc", time_limit=30, warm_start=good).status == "optimal"

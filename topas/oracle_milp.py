@@ -67,7 +67,7 @@ def solve(
         raise InputError(f"unknown oracle backend {backend!r}; choose from {', '.join(BACKENDS)}")
     t0 = time.perf_counter()
     problem = StepProblem.of(instance)
-    hint = solution_from_schedule(problem, warm_start) if warm_start else serial_solution(problem)
+    hint = warm_hint(problem, warm_start) if warm_start else serial_solution(problem)
     upper = objective_of(problem, hint)
     T = horizon(problem, upper)
     trivial = problem.lower_bound()
@@ -103,6 +103,17 @@ def solve(
 
 
 # --------------------------------------------------------------------------- start points
+
+
+def warm_hint(problem: StepProblem, warm_start: Schedule) -> OracleSolution:
+    """The warm start as a solution, checked by the independent step verifier before its
+    objective bounds anything (an infeasible one would cut off the optimum)."""
+    try:
+        hint = solution_from_schedule(problem, warm_start)
+        verify_step(to_schedule(problem, hint))
+    except (ScheduleError, OracleError) as e:
+        raise InputError(f"warm_start: not a feasible step-model schedule: {e}") from None
+    return hint
 
 
 def solution_from_schedule(problem: StepProblem, schedule: Schedule) -> OracleSolution:
