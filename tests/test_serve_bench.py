@@ -60,9 +60,9 @@ def server():
 
 
 def _instance():
-    # t0: a -> (b, c) -> d; t1 (arrives at 0.2 s): one stage. Outputs of 3-30 tokens are
-    # 30-300 ms at the test server (b's 300 ms leave room for c to be sent while b runs,
-    # even on a loaded machine).
+    # t0: a -> (b, c) -> d; t1 (arrives at 0.2 s): one stage. Outputs of 3-100 tokens are
+    # 30 ms to 1 s at the test server (b's 1 s leaves room for c to reach the server while
+    # b runs even on a loaded machine: with 300 ms, c once arrived 16 ms after b left).
     return make(
         {"x": 16, "y": 8},
         [
@@ -70,7 +70,7 @@ def _instance():
                 "t0",
                 0,
                 stage("a", "x", 5, 5),
-                stage("b", "y", 4, 30, ["a"]),
+                stage("b", "y", 4, 100, ["a"]),
                 stage("c", "x", 3, 3, ["a"]),
                 stage("d", "y", 2, 4, ["b", "c"]),
             ),
@@ -109,8 +109,8 @@ def test_replay_respects_dependencies_and_measures_jct(server):
     # b and c run concurrently, t1 is released at 0.2 s
     assert seen["t0/c"][0] < seen["t0/b"][1]
     assert seen["t1/s"][0] - min(a for a, _ in seen.values()) >= 0.2 - 0.02
-    # t0's critical path a -> b -> d holds 5 + 30 + 4 tokens at 10 ms each
-    assert 0.39 <= m.jct["t0"] < 0.39 + 0.5
+    # t0's critical path a -> b -> d holds 5 + 100 + 4 tokens at 10 ms each
+    assert 1.09 <= m.jct["t0"] < 1.09 + 0.5
     assert 0.03 <= m.jct["t1"] < 0.03 + 0.5
 
 

@@ -202,3 +202,7 @@ def test_evaluate_derives_prefix_hits_from_the_prefix_intervals():
     for claim in (True, False):
         sched.runs = [dataclasses.replace(r, prefix_hit=claim) for r in sched.runs]
         assert evaluate(sched).prefix_hit_rate == 0.5
+    # a live schedule has no prefix intervals: the server's report is all there is
+    live = dataclasses.replace(sched, timing="live", prefixes=[])
+    live.runs = [dataclasses.replace(r, prefix_hit=True) for r in sched.runs]
+    assert prefix_hits(live) == [True, True]

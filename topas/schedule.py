@@ -167,8 +167,12 @@ def evaluate(schedule: Schedule) -> Metrics:
 
 def prefix_hits(schedule: Schedule) -> list[bool]:
     """Per run (in ``schedule.runs`` order): was its agent's prefix resident when it was
-    admitted? Derived from the prefix intervals (resident from ``resident_from`` until
-    ``end``), not from what the producer of the schedule says about itself."""
+    admitted? For a simulated schedule (``step``, ``calibrated``) this is derived from the
+    prefix intervals (resident from ``resident_from`` until ``end``), not from what the
+    producer of the schedule says about itself. A live schedule has no intervals: the
+    server's own report (``StageRun.prefix_hit``, from its cached tokens) is all there is."""
+    if schedule.timing not in ("step", "calibrated"):
+        return [r.prefix_hit for r in schedule.runs]
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for p in schedule.prefixes:
         spans[p.agent].append((p.resident_from, p.end))

@@ -5,9 +5,9 @@ A serving loop changes a few tasks per scheduling point while thousands of stage
 share ``Delta`` of each waiting stage, the expected longest path ``L``) and, per waiting
 stage, its task, agent and KV need, in numpy arrays indexed by slots; per agent, its
 waiting stages (in the order they arrived) and the tasks they belong to; and the total
-next-hop counts ``n_a``. A decision then ranks every waiting stage in a few vector
-operations and sorts in Python only the best ``depth`` of each agent: the most a pack can
-take from one agent.
+next-hop counts ``n_a``. A decision then ranks every waiting stage with one
+``numpy.lexsort`` (:meth:`QueueView.ranked`) and turns an agent's stages into Python
+objects only as far as a pack reads (:class:`Ranking`).
 
 Every container is filled in a fixed order (callers add sorted keys), so nothing depends
 on the iteration order of a set: decisions are the same in every process.
