@@ -21,8 +21,8 @@ from typing import Any
 from topas.errors import InputError
 from topas.instance import Instance, load_instance, save_instance, write_text_atomic
 from topas.policies import BASELINES, available, make_policy, split_specs
-from topas.results import package_version, result_document, write_result
-from topas.schedule import Metrics, Schedule, evaluate
+from topas.results import oracle_result_document, result_document, write_result
+from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
 from topas.timing import TIMING_MODES
 
@@ -348,15 +348,14 @@ def cmd_oracle(args: argparse.Namespace) -> None:
     inst = load_instance(args.instance)
     if args.time_limit < 0:
         raise CliError("--time-limit: must be >= 0")
-    warm = best_step_schedule(inst)
     result = solve(
         inst,
         backend=args.backend,
         time_limit=args.time_limit,
         threads=args.threads,
-        warm_start=warm,
+        warm_start="baselines",
     )
-    write_result(oracle_document(inst, result), args.out)
+    write_result(oracle_result_document(inst, result), args.out)
     bound = f"lower bound {result.lower_bound}"
     if result.objective is None:
         print(
@@ -367,55 +366,6 @@ def cmd_oracle(args: argparse.Namespace) -> None:
     print(
         f"oracle ({args.backend}): {result.status}, sum of JCTs {result.objective} steps, "
         f"{bound}, {result.runtime:.2f} s (clairvoyant: knows every arrival and length)"
-    )
-
-
-def best_step_schedule(inst: Instance) -> Schedule:
-    """The best baseline's step-model schedule: the oracle's warm start and horizon."""
-    best = None
-    for spec in BASELINES:
-        sched = simulate(inst, make_policy(spec), timing="step")
-        obj = evaluate(sched).objective_steps
-        if best is None or obj < best[0]:
-            best = (obj, sched)
-    assert best is not None
-    return best[1]
-
-
-def oracle_document(inst: Instance, result: Any) -> dict[str, Any]:
-    """A topas-result/1 document for an oracle run (with its schedule)."""
-    extra = {
-        "status": result.status,
-        "objective": result.objective,
-        "lower_bound": result.lower_bound,
-        "runtime_s": result.runtime,
-        "backend": result.backend,
-        "horizon": result.horizon,
-    }
-    spec = f"oracle:{result.backend}"
-    if result.schedule is None:
-        return {
-            "format": "topas-result/1",
-            "instance": {"name": inst.name, "hash": inst.content_hash},
-            "policy": spec,
-            "seed": 0,
-            "timing": "step",
-            "version": package_version(),
-            "summary": None,
-            "jct": {},
-            **extra,
-        }
-    metrics = evaluate(result.schedule)
-    return result_document(
-        inst,
-        result.schedule,
-        metrics,
-        spec,
-        0,
-        "step",
-        result.runtime,
-        include_schedule=True,
-        extra=extra,
     )
 
 

@@ -53,20 +53,24 @@ def solve(
     backend: str = "cpsat",
     time_limit: float = 60.0,
     threads: int = 2,
-    warm_start: Schedule | None = None,
+    warm_start: Schedule | str | None = None,
     log: bool = False,
 ) -> OracleResult:
     """Minimise the sum of JCTs of ``instance`` in the step model.
 
-    ``warm_start``: a feasible step-model schedule (e.g. the best baseline's, from the
-    simulator) that bounds the horizon and seeds the solver; without it a serial
-    schedule is used. ``time_limit`` is in seconds of solver time; 0 returns
-    ``timeout`` at once.
+    ``warm_start``: a feasible step-model schedule that bounds the horizon and seeds the
+    solver (verified first); ``"baselines"``: the best registered baseline's, simulated
+    here (:func:`baseline_warm_start`); without it a serial schedule is used.
+    ``time_limit`` is in seconds of solver time; 0 returns ``timeout`` at once.
     """
     if backend not in BACKENDS:
         raise InputError(f"unknown oracle backend {backend!r}; choose from {', '.join(BACKENDS)}")
     t0 = time.perf_counter()
     problem = StepProblem.of(instance)
+    if isinstance(warm_start, str):
+        if warm_start != "baselines":
+            raise InputError(f"warm_start: unknown {warm_start!r} (a Schedule or 'baselines')")
+        warm_start = baseline_warm_start(instance)
     hint = warm_hint(problem, warm_start) if warm_start else serial_solution(problem)
     upper = objective_of(problem, hint)
     T = horizon(problem, upper)
@@ -103,6 +107,23 @@ def solve(
 
 
 # --------------------------------------------------------------------------- start points
+
+
+def baseline_warm_start(instance: Instance) -> Schedule:
+    """The best registered baseline's step-model schedule (least sum of JCTs; the first
+    in registry order among equals): a good upper bound, and a short horizon."""
+    from topas.policies import BASELINES, make_policy  # the oracle sits beside them
+    from topas.simulator import simulate
+
+    best: tuple[int, Schedule] | None = None
+    for spec in BASELINES:
+        sched = simulate(instance, make_policy(spec), timing="step")
+        obj = evaluate(sched).objective_steps
+        assert obj is not None
+        if best is None or obj < best[0]:
+            best = (obj, sched)
+    assert best is not None
+    return best[1]
 
 
 def warm_hint(problem: StepProblem, warm_start: Schedule) -> OracleSolution:

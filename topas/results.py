@@ -72,3 +72,43 @@ def result_document(
 
 def write_result(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def oracle_result_document(inst: Instance, result: Any) -> dict[str, Any]:
+    """A topas-result/1 document for an oracle run (an ``OracleResult``, with its schedule;
+    without one when the solver found none)."""
+    extra = {
+        "status": result.status,
+        "objective": result.objective,
+        "lower_bound": result.lower_bound,
+        "runtime_s": result.runtime,
+        "backend": result.backend,
+        "horizon": result.horizon,
+    }
+    spec = f"oracle:{result.backend}"
+    if result.schedule is None:
+        return {
+            "format": "topas-result/1",
+            "instance": {"name": inst.name, "hash": inst.content_hash},
+            "policy": spec,
+            "seed": 0,
+            "timing": "step",
+            "version": package_version(),
+            "summary": None,
+            "jct": {},
+            **extra,
+        }
+    from topas.schedule import evaluate
+
+    metrics = evaluate(result.schedule)
+    return result_document(
+        inst,
+        result.schedule,
+        metrics,
+        spec,
+        0,
+        "step",
+        result.runtime,
+        include_schedule=True,
+        extra=extra,
+    )
