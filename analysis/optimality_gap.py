@@ -30,6 +30,7 @@ from topas.gap import (
     is_tuning_seed,
     run_gap_study,
 )
+from topas.oracle_common import BACKENDS
 from topas.policies import split_specs
 
 
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. lpm:max_sorted=4); a spec's own key=value list may continue after commas",
     )
     ap.add_argument("--only", action="store_true", help="run only the --policies specs")
-    ap.add_argument("--backend", choices=("cpsat", "cbc", "highs"), default="cpsat")
+    ap.add_argument("--backend", choices=BACKENDS, default="cpsat")
     ap.add_argument("--time-limit", type=float, default=30.0, help="per instance, seconds")
     ap.add_argument("--threads", type=int, default=1, help="solver threads per instance")
     ap.add_argument(

@@ -20,7 +20,9 @@ from typing import Any
 
 from topas.errors import InputError
 from topas.instance import Instance, load_instance, save_instance, write_text_atomic
+from topas.oracle_common import BACKENDS
 from topas.policies import BASELINES, available, make_policy, split_specs
+from topas.profiles import MOVEMENTS
 from topas.results import oracle_result_document, result_document, write_result
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
@@ -130,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     o = sub.add_parser("oracle", help="solve a small instance exactly in the step model")
     o.add_argument("instance")
-    o.add_argument("--backend", choices=("cpsat", "cbc", "highs"), default="cpsat")
+    o.add_argument("--backend", choices=BACKENDS, default="cpsat")
     o.add_argument("--time-limit", type=float, default=60.0, help="seconds (default 60)")
     o.add_argument("--threads", type=int, default=2)
     o.add_argument("--out", required=True, help="result file to write (with the schedule)")
@@ -141,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--families", default="chain,fanout,mixed,metagpt-sop,metagpt-tl")
     gp.add_argument("--tasks", default="2,3,4", help="task counts (sizes) to generate")
     gp.add_argument("--policies", default=None, help="specs (default: every registered one)")
-    gp.add_argument("--backend", choices=("cpsat", "cbc", "highs"), default="cpsat")
+    gp.add_argument("--backend", choices=BACKENDS, default="cpsat")
     gp.add_argument("--time-limit", type=float, default=30.0, help="per instance, seconds")
     gp.add_argument(
         "--seed", type=int, default=1, help="study seed (0 and >= 1000 are kept for tuning)"
@@ -209,7 +211,7 @@ def _profile_options(p: argparse.ArgumentParser, movement: bool) -> None:
     if movement:
         p.add_argument(
             "--movement",
-            choices=("recompute", "swap"),
+            choices=MOVEMENTS,
             help="how an absent prefix is brought back (default: the profile's)",
         )
     p.add_argument(

@@ -26,6 +26,11 @@ from topas.timing import StepTiming
 STATUSES = ("optimal", "feasible", "timeout")
 
 
+BACKENDS = ("cpsat", "cbc", "highs")
+"""The exact solvers behind ``topas.oracle_milp.solve`` (CP-SAT, and the MILP through
+PuLP with CBC or HiGHS); the command line's choices come from here."""
+
+
 class OracleError(RuntimeError):
     """The solver contradicted the model (e.g. 'infeasible' for a validated instance)."""
 

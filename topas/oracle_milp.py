@@ -33,6 +33,7 @@ import pulp
 from topas.errors import InputError
 from topas.instance import Instance
 from topas.oracle_common import (
+    BACKENDS,
     OracleError,
     OracleResult,
     OracleSolution,
@@ -44,8 +45,6 @@ from topas.oracle_common import (
 )
 from topas.schedule import Schedule, ScheduleError, evaluate
 from topas.verify import verify_step
-
-BACKENDS = ("cpsat", "cbc", "highs")
 
 
 def solve(
