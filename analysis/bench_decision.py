@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from topas.instance import Agent, Instance, ServerSpec, Stage, Task, write_text_atomic
+from topas.instance import Agent, Instance, ServerSpec, Stage, Task, write_atomic
 from topas.policies import Policy, PolicyContext, make_policy, split_specs
 from topas.simulator import CalibratedEngine, _Engine
 from topas.state import (
@@ -486,8 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = run_bench(cfg)
         text = summary_md(runs, cfg, command)
         out = Path(args.out)
-        write_text_atomic(out / "runs.json", runs_json(runs, cfg, command))
-        write_text_atomic(out / "summary.md", text)
+        write_atomic(out / "runs.json", runs_json(runs, cfg, command))
+        write_atomic(out / "summary.md", text)
     except (ValueError, OSError, BenchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ from topas.gap import (
     is_proven,
     policy_objectives,
 )
-from topas.instance import write_text_atomic
+from topas.instance import write_atomic
 from topas.oracle_milp import BACKENDS, solve
 from topas.policies import BASELINES
 from topas.workloads import get_workload, small_instance
@@ -284,9 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "config.json", json.dumps({**cfg, "command": command}, indent=1) + "\n")
-    write_text_atomic(out / "runs.csv", to_csv(rows))
-    write_text_atomic(out / "summary.md", md)
+    write_atomic(out / "config.json", json.dumps({**cfg, "command": command}, indent=1) + "\n")
+    write_atomic(out / "runs.csv", to_csv(rows))
+    write_atomic(out / "summary.md", md)
     print(text)
     return 0
 

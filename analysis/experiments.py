@@ -10,7 +10,8 @@ Not a script: the two studies put this folder on ``sys.path`` and ``import exper
 - Paired statistics over seeds: :func:`paired_reduction` (mean relative change, 95% CI
   half-width, Student t) and :func:`best_baseline` (per point and per metric).
 - Output: CSV and markdown rendering, PNG rendering to bytes, and :func:`write_outputs`,
-  which writes every file through a temporary file and ``os.replace``.
+  which writes every file through ``topas.instance.write_atomic`` (a temporary file and
+  ``os.replace``).
 - CLI validation shared by both scripts: bad input raises :class:`CliError`, which
   :func:`run_cli` turns into one ``error: ...`` line on stderr and exit status 2, before
   any run and before the output folder exists.
@@ -26,7 +27,6 @@ import math
 import os
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from topas.gap import TUNING_SEED_MIN
-from topas.instance import Instance
+from topas.instance import Instance, write_atomic
 from topas.policies import BASELINES, make_policy, split_specs
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
@@ -331,22 +331,6 @@ def figure_png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return buf.getvalue()
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename,
-    so ``path`` is either untouched or complete."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; honour the umask like open()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_outputs(out: Path, files: Mapping[str, str | bytes]) -> None:

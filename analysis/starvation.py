@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from topas.instance import Agent, Instance, ServerSpec, Stage, Task, write_text_atomic
+from topas.instance import Agent, Instance, ServerSpec, Stage, Task, write_atomic
 from topas.policies import make_policy, split_specs
 from topas.schedule import Schedule, evaluate
 from topas.simulator import simulate
@@ -387,10 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         params = {"lengths": list(lengths), "policies": policies, "seeds": seeds, "bounds": bounds}
         config = ex.config_document("starvation", params, command)
-        write_text_atomic(out / "config.json", json.dumps(config, indent=1) + "\n")
-        write_text_atomic(out / "runs.csv", runs_csv(rows))
+        write_atomic(out / "config.json", json.dumps(config, indent=1) + "\n")
+        write_atomic(out / "runs.csv", runs_csv(rows))
         plot(rows, out / "cold_jct.png")
-        write_text_atomic(out / "summary.md", text)
+        write_atomic(out / "summary.md", text)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

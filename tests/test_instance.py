@@ -1249,3 +1249,18 @@ def test_saved_file_honours_the_umask(tmp_path: Path, inst: Instance) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "out.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_write_atomic_writes_text_or_bytes_and_leaves_nothing_behind(tmp_path):
+    # the project's one atomic writer: text as UTF-8, bytes as they are; a failed write
+    # (the target is a folder) names the target and leaves no temporary file
+    from topas.instance import write_atomic
+
+    write_atomic(tmp_path / "sub" / "a.txt", "é\n")
+    write_atomic(tmp_path / "b.png", b"\x89PNG")
+    assert (tmp_path / "sub" / "a.txt").read_bytes() == "é\n".encode()
+    assert (tmp_path / "b.png").read_bytes() == b"\x89PNG"
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(OSError, match="dir"):
+        write_atomic(tmp_path / "dir", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.png", "dir", "sub"]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from topas.errors import InputError
-from topas.instance import Instance, load_instance, save_instance, write_text_atomic
+from topas.instance import Instance, load_instance, save_instance, write_atomic
 from topas.oracle_common import BACKENDS
 from topas.policies import BASELINES, available, make_policy, split_specs
 from topas.profiles import MOVEMENTS
@@ -321,7 +321,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     )
     table = format_table(rows, timing)
     if args.csv:
-        write_text_atomic(args.csv, format_csv(rows))
+        write_atomic(args.csv, format_csv(rows))
     print(table)
 
 

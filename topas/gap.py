@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from topas.errors import InputError
-from topas.instance import Instance, write_text_atomic
+from topas.instance import Instance, write_atomic
 from topas.oracle_common import OracleResult
 from topas.policies import BASELINES, available, make_policy
 from topas.schedule import Schedule, evaluate
@@ -398,12 +398,12 @@ def run_gap_study(
     ]
     rows = _run_jobs(config, specs, jobs, progress)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(
+    write_atomic(
         out / "config.json", json.dumps(config_document(config, specs, cmd), indent=1) + "\n"
     )
-    write_text_atomic(out / "runs.csv", rows_to_csv(rows))
+    write_atomic(out / "runs.csv", rows_to_csv(rows))
     summary = summarize(rows, config, specs, cmd)
-    write_text_atomic(out / "summary.md", summary)
+    write_atomic(out / "summary.md", summary)
     plot_gaps(rows, specs, out / "gap.png")
     return summary
 

@@ -401,11 +401,13 @@ def load_instance(path: str | os.PathLike[str]) -> Instance:
 
 def save_instance(instance: Instance, path: str | os.PathLike[str]) -> None:
     """Write atomically: a partly written file is never left behind."""
-    write_text_atomic(path, instance.to_json() + "\n")
+    write_atomic(path, instance.to_json() + "\n")
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` through a temporary file in the
+    same folder and a rename, so ``path`` is either untouched or complete. The one atomic
+    writer of the project: instances, results and every study's files."""
     p = Path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -413,8 +415,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(p)) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; honour the umask like open()
         os.replace(tmp, p)
     except OSError as e:

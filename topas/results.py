@@ -12,7 +12,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from topas.instance import Instance, write_text_atomic
+from topas.instance import Instance, write_atomic
 from topas.schedule import Metrics, Schedule
 
 FORMAT = "topas-result/1"
@@ -71,7 +71,7 @@ def result_document(
 
 
 def write_result(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
 def oracle_result_document(inst: Instance, result: Any) -> dict[str, Any]:
