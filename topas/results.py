@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from topas.instance import Instance, write_atomic
-from topas.schedule import Metrics, Schedule
+from topas.schedule import Metrics, Schedule, evaluate
 
 FORMAT = "topas-result/1"
 
@@ -88,7 +88,7 @@ def oracle_result_document(inst: Instance, result: Any) -> dict[str, Any]:
     spec = f"oracle:{result.backend}"
     if result.schedule is None:
         return {
-            "format": "topas-result/1",
+            "format": FORMAT,
             "instance": {"name": inst.name, "hash": inst.content_hash},
             "policy": spec,
             "seed": 0,
@@ -98,8 +98,6 @@ def oracle_result_document(inst: Instance, result: Any) -> dict[str, Any]:
             "jct": {},
             **extra,
         }
-    from topas.schedule import evaluate
-
     metrics = evaluate(result.schedule)
     return result_document(
         inst,
