@@ -354,6 +354,15 @@ class _Round:
     skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
     analyses: dict[str, _Analysis] = field(default_factory=dict)
 
+    def set_current(self) -> None:
+        """R_t (prefixes resident or loading) and its reuse, from ``status``."""
+        self.current = frozenset(
+            a for a, st in self.status.items() if st is not PrefixStatus.ABSENT
+        )
+        self.current_reuse = sum(
+            self.next_hop.get(a, 0) * self.cost[a] for a in sorted(self.current)
+        )
+
 
 @dataclass
 class TOPAS(Policy):
@@ -388,7 +397,6 @@ class TOPAS(Policy):
         self._pred = Predictions(ctx)
         self._mean_path = 0.0  # mean predicted critical path of the tasks seen (H_age)
         self._n_paths = 0
-        self._paths: dict[str, float] = {}
         self._view: QueueView | None = None
         self._an: dict[str, _Analysis] = {}  # task -> its analysis
         self._stage_ids: dict[str, dict[str, int]] = {}  # task -> stage id -> its rank
@@ -428,8 +436,7 @@ class TOPAS(Policy):
             own = self._service(state, (tid, sid))
             tail[sid] = own + max((tail[c] for c in s.children), default=0.0)
         path = max(tail.values(), default=0.0)
-        self._paths[tid] = path
-        self._n_paths += 1  # not len(self._paths): finished tasks are pruned from it
+        self._n_paths += 1
         self._mean_path += (path - self._mean_path) / self._n_paths
 
     @property
@@ -438,11 +445,15 @@ class TOPAS(Policy):
         path of the tasks seen, so aging works on the workload's own time scale."""
         return self.age_scale or AGE_FRACTION * max(self._mean_path, 1e-9)
 
-    def _weight(self, state: State, tid: str) -> float:
-        """g_i(t) = 1 + rho * log(1 + age / H_age)."""
+    def _age_weights(self, ages: np.ndarray) -> np.ndarray:
+        """g_i(t) = 1 + rho * log(1 + age / H_age), for an array of task ages."""
         if not self.aging:
-            return 1.0
-        return 1.0 + self.aging * math.log1p(state.age(tid) / self._h_age)
+            return np.ones_like(ages)
+        return 1.0 + self.aging * np.log1p(np.maximum(ages, 0.0) / self._h_age)
+
+    def _weight(self, state: State, tid: str) -> float:
+        """g_i(t) of one task (the same formula as a decision's)."""
+        return float(self._age_weights(np.array([state.age(tid)]))[0])
 
     def _sync(self, state: State) -> QueueView:
         """Bring the queue view and the per-task analyses in step with ``state``.
@@ -461,7 +472,7 @@ class TOPAS(Policy):
             view.drop_stage(ref)
         for tid in sorted(view.tasks.of.keys() - tasks.keys()):
             view.drop_task(tid)
-            for d in (self._an, self._seen, self._paths, self._stale, self._stage_ids):
+            for d in (self._an, self._seen, self._stale, self._stage_ids):
                 d.pop(tid, None)
         new = sorted(tasks.keys() - view.tasks.of.keys())
         for tid in new:
@@ -512,10 +523,7 @@ class TOPAS(Policy):
 
     def _values(self, view: QueueView, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per task slot: ``g_i(t)`` and the pack order's value (best first)."""
-        if self.aging:
-            w = 1.0 + self.aging * np.log1p(np.maximum(now - view.release, 0.0) / self._h_age)
-        else:
-            w = np.ones_like(view.release)
+        w = self._age_weights(now - view.release)
         if self.smith and self.additive:  # the wait counts on its own, as a stage's worth
             value = view.share / view.length + (w - 1.0) / max(self._mean_svc, 1e-9)
         elif self.smith:
@@ -548,8 +556,7 @@ class TOPAS(Policy):
         for agent in sorted(rnd.ranking.spans):
             rnd.queues[agent] = []
             self._more(rnd, agent, 0)
-        rnd.current = frozenset(a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT)
-        rnd.current_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in sorted(rnd.current))
+        rnd.set_current()
         for ref, run in sorted(state.running.items()):
             agent = state.agent_of(ref)
             rnd.running_kv[agent] = rnd.running_kv.get(agent, 0) + run.reserved
@@ -890,8 +897,7 @@ class TOPAS(Policy):
         rnd.users[agent] += 1
         rnd.pinned = agent
         rnd.free, rnd.slots = plan.free_kv, plan.free_slots
-        rnd.current = frozenset(a for a, st in rnd.status.items() if st is not PrefixStatus.ABSENT)
-        rnd.current_reuse = sum(rnd.next_hop.get(a, 0) * rnd.cost[a] for a in sorted(rnd.current))
+        rnd.set_current()
         rnd.skip.add(ref)
         queue = rnd.queues.get(agent)
         if queue is not None:
