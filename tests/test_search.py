@@ -462,3 +462,13 @@ def test_queue_view_ranks_by_value_then_length_release_task_and_stage():
     assert ranking.take("A", 1) == []
     view.drop_stage(("t0", "a"))
     assert view.waiting_tasks() == {"A": 2, "B": 1} and view.oldest() == ("t0", "b")
+
+
+def test_greedy_search_repeats_across_processes(tmp_path):
+    # the greedy search ranks its drops and additions by their last gains; ties must not
+    # fall back on the iteration order of a set of agent names
+    from topas.workloads import generate
+
+    inst = generate("mixed", num_tasks=60, seed=1001, load=1.2)
+    docs = jcts_across_processes(tmp_path, inst, "topas:search=greedy", ("1", "2", "3", "4"))
+    assert all(d == docs[0] for d in docs)

@@ -796,11 +796,12 @@ class TOPAS(Policy):
                 heapq.heappush(heap, (neg, a, at, kind))  # kept for the next round
                 break
             if took is None:  # single moves stall: pairs of additions, then swaps
+                # best last gain first, ties by name (never by the order of a set)
                 adds = sorted(
                     (a for a in active if a not in cur),
-                    key=lambda a: -last.get(("add", a), -math.inf),
+                    key=lambda a: (-last.get(("add", a), -math.inf), a),
                 )
-                drops = sorted(cur, key=lambda a: -last.get(("drop", a), -math.inf))
+                drops = sorted(cur, key=lambda a: (-last.get(("drop", a), -math.inf), a))
                 adds, drops = adds[:PAIR_POOL], drops[:PAIR_POOL]
                 cands = [cur | set(pair) for pair in itertools.combinations(sorted(adds), 2)]
                 cands += [(cur - {x}) | {y} for x in sorted(drops) for y in sorted(adds)]
