@@ -220,16 +220,27 @@ class Twin(TOPAS):
     and ``n_a`` recounted from scratch."""
 
     checked = 0
+    incremental = 0  # syncs that read the changes (no fallback to full differences)
 
     def reset(self, ctx):  # type: ignore[no-untyped-def]
         super().reset(ctx)
         self.twin = TOPAS()
         self.twin.reset(ctx)
 
+    def _changes(self, state):  # type: ignore[no-untyped-def]
+        got = super()._changes(state)
+        Twin.incremental += got is not None
+        return got
+
     def decide(self, state):  # type: ignore[no-untyped-def]
         d = super().decide(state)
         assert self.twin.decide(state.copy()) == d
         view = self._view
+        assert view.stages.of.keys() == state.waiting.keys()
+        assert view.tasks.of.keys() == state.tasks.keys()
+        for ref in state.waiting:  # what each waiting stage opens, as its task's analysis says
+            opens = view.opens_table[view.stage_opens[view.stages.of[ref]]]
+            assert opens == self._an[ref[0]].opens.get(ref[1], ())
         assert view.need == {r: state.need(r) for r in state.waiting}
         tasks_of: dict[str, set[str]] = {}
         for ref in state.waiting:
@@ -251,6 +262,18 @@ def test_incremental_view_matches_a_full_sync(inst):
         before = Twin.checked
         simulate(inst, Twin(), timing=timing)
         assert Twin.checked > before
+
+
+def test_syncs_after_the_first_read_the_changes_in_the_engines_state():
+    # the engine changes its own state in place and stamps every phase change, so every
+    # sync after the first finds the changes without a full comparison (no fallback)
+    from topas.workloads import generate
+
+    inst = generate("fanout", num_tasks=12, seed=3, load=1.5)
+    for timing in ("step", "calibrated"):
+        before, fast = Twin.checked, Twin.incremental
+        simulate(inst, Twin(), timing=timing)
+        assert Twin.incremental - fast == Twin.checked - before - 1 > 10
 
 
 def test_completes_the_paper_workloads_and_repeats():
@@ -452,9 +475,14 @@ def test_queue_view_ranks_by_value_then_length_release_task_and_stage():
     value = view.share / view.length  # t0: 1, t1: 0.5, t2: 0.5
     view.add_stage(("t0", "b"), "A", 10, order=1)
     view.add_stage(("t0", "a"), "A", 10, order=0)
-    view.add_stage(("t2", "x"), "A", 10, order=0)
-    view.add_stage(("t1", "y"), "B", 10, order=0)
+    view.add_stage(("t2", "x"), "A", 10, order=0, opens=("C",))
+    view.add_stage(("t1", "y"), "B", 10, order=0, opens=("B", "D"))
     ranking = view.ranked(value)
+    assert ranking.heads() == [(0, "A"), (2, "B")]  # each agent's best stage, best first
+    # A's stages in pack order: t0/a, t0/b, t2/x (opens C, third); B's: t1/y (opens B, D)
+    assert ranking.opened(2) == {"B", "D"} and ranking.opened(3) == {"B", "C", "D"}
+    view.set_opens(("t1", "y"), ())
+    assert view.ranked(value).opened(3) == {"C"}
     got = ranking.take("A", 2) + ranking.take("A", 2)
     assert [r for r, _, _ in got] == [("t0", "a"), ("t0", "b"), ("t2", "x")]
     assert [rank for _, rank, _ in got] == [0, 1, 3]  # t1/y (rank 2) sits between them

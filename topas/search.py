@@ -110,7 +110,7 @@ MODEL_REFRESH = 32
 """New observations between two refreshes of the scenario ratios (cached analyses are
 keyed by the refresh count, so refreshing at every completion would redo them all)."""
 
-REFRESH_BUDGET = 32
+REFRESH_BUDGET = 8
 """Tasks re-analysed per decision because the service model changed (those whose own
 stages changed always are): a refresh would otherwise re-analyse every task at once."""
 
@@ -122,8 +122,12 @@ AGE_FRACTION = 0.5
 tuning seeds against 1 and 0.25: docs/topas.md)."""
 
 CHUNK = 16
-"""Stages of one agent's pack order turned into Python objects at a time (a pack rarely
-reads far into any one agent's queue)."""
+"""The active pool includes the agents that one of the first this many stages of some
+agent's pack order would open (make next hops)."""
+
+FIRST_READ = 2
+"""Stages of one agent's pack order turned into Python objects at its first read; each
+later read doubles what the queue holds (a pack rarely reads far into any one queue)."""
 
 MAX_MISFITS = 16
 """Waiting stages a pack skips because they do not fit, before it stops."""
@@ -135,6 +139,7 @@ many single additions (the issue's bound is O(|A|^2) candidates; this keeps O(|A
 _ROLE = re.compile(r"[_\-]?\d+$")
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def role_of(stage_id: str) -> str:
     """A stage's role: its id without a trailing index (``code_3`` -> ``code``)."""
     return _ROLE.sub("", stage_id) or stage_id
@@ -148,8 +153,8 @@ class ServiceModel:
 
     Learned online from the finished stages a policy sees (``State.done_service``); the
     prediction is the prior (one pseudo-observation of ratio 1), so before any data every
-    scenario is the prediction. :meth:`ratios` gives, per key, the ratio at each of the
-    quantile level (:meth:`ratio`).
+    scenario is the prediction. :meth:`ratio` gives a key's ratio at one quantile level,
+    :meth:`stage_ratios` a stage's at each of its scenario levels.
     """
 
     def __init__(self) -> None:
@@ -159,8 +164,11 @@ class ServiceModel:
         self._pending = 0
         self.version = 0
         self._snapshot: dict[tuple[str, str], tuple[float, ...]] = {}
+        self._changed: set[tuple[str, str]] = set()  # keys observed since the last refresh
+        self._stage_ratios: dict[str, dict[str, tuple[object, list[float]]]] = {}  # memo
 
     def observe(self, key: tuple[str, str], ratio: float) -> None:
+        self._changed.add(key)
         recent = self._recent.setdefault(key, [])
         recent.append(ratio)
         samples = self._samples.setdefault(key, [1.0])
@@ -186,9 +194,30 @@ class ServiceModel:
             self._refresh()
 
     def _refresh(self) -> None:
+        """New snapshots for the keys observed since the last refresh (the others keep
+        theirs, so :meth:`stage_ratios` still knows them)."""
         self._pending = 0
         self.version += 1
-        self._snapshot = {key: tuple(samples) for key, samples in sorted(self._samples.items())}
+        for key in sorted(self._changed):
+            self._snapshot[key] = tuple(self._samples[key])
+        self._changed.clear()
+
+    def stage_ratios(self, ref: StageRef, key: tuple[str, str]) -> list[float]:
+        """The ratio of ``key`` at each of stage ``ref``'s scenario levels
+        (:func:`scenario_levels`), memoised per stage until ``key``'s snapshot changes."""
+        snap = self._snapshot.get(key)
+        memo = self._stage_ratios.setdefault(ref[0], {})
+        hit = memo.get(ref[1])
+        if hit is not None and hit[0] is snap:
+            return hit[1]
+        levels = scenario_levels(*ref)
+        out = [1.0] * len(levels) if snap is None else [_quantile(snap, u) for u in levels]
+        memo[ref[1]] = (snap, out)
+        return out
+
+    def forget(self, task_id: str) -> None:
+        """Drop the memo of a finished task."""
+        self._stage_ratios.pop(task_id, None)
 
     def ratio(self, key: tuple[str, str], level: float) -> float:
         """The learned ratio of ``key`` at quantile ``level`` (1, the prediction, before
@@ -237,7 +266,7 @@ def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceM
         st = info.stages[sid]
         key = (st.agent, role_of(sid))
         base = svc[ref]
-        o = [base * model.ratio(key, u) for u in scenario_levels(tid, sid)]
+        o = [base * r for r in model.stage_ratios(ref, key)]
         if ph is Phase.RUNNING:
             run = state.running[ref]
             if run.started_at is not None:
@@ -350,6 +379,8 @@ class _Round:
     rank: dict[StageRef, int] = field(default_factory=dict)  # pack order: lower goes first
     value: dict[StageRef, float] = field(default_factory=dict)  # g_i(t) * Delta per stage
     ranking: Ranking | None = None  # every waiting stage's pack order, read on demand
+    heads: list[tuple[int, str]] = field(default_factory=list)  # (rank, agent) of each
+    # agent's best waiting stage, best first
     credit: list[float] = field(default_factory=list)  # task slot -> g_i(t) * Delta
     skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
     analyses: dict[str, _Analysis] = field(default_factory=dict)
@@ -405,6 +436,7 @@ class TOPAS(Policy):
         self._version = 0
         self._synced: State | None = None  # the state last synced, and its newest stamp
         self._synced_stamp = 0
+        self._may_finish: set[str] = set()  # tasks with stages running at the last sync
         self._credit: dict[StageRef, float] = {}
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
@@ -458,46 +490,47 @@ class TOPAS(Policy):
     def _sync(self, state: State) -> QueueView:
         """Bring the queue view and the per-task analyses in step with ``state``.
 
-        Finished tasks and stages that left the queue are dropped, new ones added (set
-        differences, in sorted order). A task is re-analysed when its epoch changed: in the
-        state last synced (the engine's, changed in place) those tasks are read from the end
-        of the stamp-ordered ``task_epoch``; any other state gets a full comparison. When
-        the service model refreshes, every task is re-analysed within
-        :data:`REFRESH_BUDGET` tasks per decision, in task order."""
+        Finished tasks and stages that left the queue are dropped, new ones added (in
+        sorted order). A task is re-analysed when its epoch changed. In the state last
+        synced (the engine's, changed in place) the changed tasks are read from the end of
+        the stamp-ordered ``task_epoch`` and only their stages compared, and finished tasks
+        are looked for among those that had stages running; any other state, or counts
+        that do not add up, gets full set differences. When the service model refreshes,
+        every task is re-analysed within :data:`REFRESH_BUDGET` tasks per decision, in a
+        round robin."""
         view = self._view
         if view is None:
             view = self._view = QueueView(sorted(state.prefixes))
         tasks, epoch = state.tasks, state.task_epoch
-        for ref in sorted(view.stages.of.keys() - state.waiting.keys()):
+        diff = self._changes(state) if state is self._synced else None
+        if diff is None:
+            diff = self._full_changes(state)
+        drop_stages, gone, new, add_stages, changed = diff
+        for ref in drop_stages:
             view.drop_stage(ref)
-        for tid in sorted(view.tasks.of.keys() - tasks.keys()):
+        for tid in gone:
             view.drop_task(tid)
             for d in (self._an, self._seen, self._stale, self._stage_ids):
                 d.pop(tid, None)
-        new = sorted(tasks.keys() - view.tasks.of.keys())
+            self.model.forget(tid)
         for tid in new:
             self._register(state, tid)
             view.add_task(tid, tasks[tid].release)
-        for ref in sorted(state.waiting.keys() - view.stages.of.keys()):
+        for ref in add_stages:
             ids = self._stage_ids.get(ref[0])
             if ids is None:
                 ids = self._stage_ids[ref[0]] = {
                     sid: i for i, sid in enumerate(sorted(tasks[ref[0]].stages))
                 }
-            view.add_stage(ref, state.agent_of(ref), state.need(ref), ids[ref[1]])
-        if state is self._synced:
-            changed = []
-            for tid, e in reversed(epoch.items()):  # newest first
-                if e <= self._synced_stamp:
-                    break
-                changed.append(tid)
-        else:
-            changed = [tid for tid in tasks if self._seen.get(tid) != epoch[tid]]
+            an = self._an.get(ref[0])
+            opens = an.opens.get(ref[1], ()) if an is not None else ()
+            view.add_stage(ref, state.agent_of(ref), state.need(ref), ids[ref[1]], opens)
         dirty = dict.fromkeys(sorted({*changed, *new}))
         self.model.learn(state, self._pred.service_of)
         if self.model.version != self._version:
             self._version = self.model.version
-            self._stale = dict.fromkeys(sorted(tasks))
+            for tid in sorted(tasks):  # a round robin: those still stale keep their place
+                self._stale.setdefault(tid, None)
         budget = REFRESH_BUDGET
         while self._stale and budget:
             tid = next(iter(self._stale))
@@ -514,12 +547,60 @@ class TOPAS(Policy):
             self._seen[tid] = epoch[tid]
             view.set_task(tid, an.share, an.length)
             view.set_hops(tid, an.next_hop)
+            for ref in an.tails:  # its waiting stages
+                view.set_opens(ref, an.opens.get(ref[1], ()))
         self._synced = state
         self._synced_stamp = next(reversed(epoch.values()), 0)
+        self._may_finish = {ref[0] for ref in state.running}
         if len(self._pred.service_of) > 64 * max(16, len(tasks)):
             self._pred.keep_tasks(tasks)
             self._credit = {r: c for r, c in self._credit.items() if r in state.running}
         return view
+
+    def _full_changes(self, state: State) -> tuple[list, list, list, list, list]:
+        """What :meth:`_sync` applies, by set differences of the whole queue: stages to
+        drop, finished tasks, new tasks, stages to add (each sorted) and the tasks whose
+        epoch changed since their analysis."""
+        view, tasks, epoch = self._view, state.tasks, state.task_epoch
+        assert view is not None
+        return (
+            sorted(view.stages.of.keys() - state.waiting.keys()),
+            sorted(view.tasks.of.keys() - tasks.keys()),
+            sorted(tasks.keys() - view.tasks.of.keys()),
+            sorted(state.waiting.keys() - view.stages.of.keys()),
+            [tid for tid in tasks if self._seen.get(tid) != epoch[tid]],
+        )
+
+    def _changes(self, state: State) -> tuple[list, list, list, list, list] | None:
+        """:meth:`_full_changes` from what changed since the last sync of this state: the
+        tasks stamped since (newest first); finished tasks among those that had stages
+        running then. None when the counts do not add up (a change made without a stamp,
+        or a task admitted and finished between two syncs)."""
+        view, tasks, waiting = self._view, state.tasks, state.waiting
+        assert view is not None
+        changed = []
+        for tid, e in reversed(state.task_epoch.items()):  # newest first
+            if e <= self._synced_stamp:
+                break
+            changed.append(tid)
+        gone = sorted(tid for tid in self._may_finish if tid not in tasks)
+        new = sorted(tid for tid in changed if tid not in view.tasks.of)
+        if len(view.tasks.of) - len(gone) + len(new) != len(tasks):
+            return None
+        staged = view.stages.of
+        drop = [(t, sid) for t in gone for sid in self._stage_ids.get(t, ()) if (t, sid) in staged]
+        add = []
+        for tid in changed:
+            for sid in tasks[tid].stages:
+                ref = (tid, sid)
+                if ref in waiting:
+                    if ref not in staged:
+                        add.append(ref)
+                elif ref in staged:
+                    drop.append(ref)
+        if len(staged) - len(drop) + len(add) != len(waiting):
+            return None
+        return sorted(drop), gone, new, sorted(add), changed
 
     def _values(self, view: QueueView, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per task slot: ``g_i(t)`` and the pack order's value (best first)."""
@@ -553,9 +634,9 @@ class TOPAS(Policy):
         rnd.ranking = view.ranked(value)
         rnd.credit = (w * view.share).tolist()
         rnd.analyses = self._an
-        for agent in sorted(rnd.ranking.spans):
-            rnd.queues[agent] = []
-            self._more(rnd, agent, 0)
+        rnd.queues = {agent: [] for agent in sorted(rnd.ranking.spans)}  # read by _more
+        rnd.opened = rnd.ranking.opened(CHUNK)
+        rnd.heads = rnd.ranking.heads()
         rnd.set_current()
         for ref, run in sorted(state.running.items()):
             agent = state.agent_of(ref)
@@ -569,13 +650,13 @@ class TOPAS(Policy):
         return rnd
 
     def _more(self, rnd: _Round, agent: str, position: int) -> bool:
-        """Whether ``agent``'s queue has a stage at ``position``, reading the next
-        :data:`CHUNK` of its pack order into it (ranks, credits, the agents it opens) as
-        needed."""
+        """Whether ``agent``'s queue has a stage at ``position``, reading more of its pack
+        order into it (ranks and credits; twice as many stages as it holds, at least
+        :data:`FIRST_READ`) as needed."""
         q = rnd.queues[agent]
         assert rnd.ranking is not None
         while position >= len(q):
-            got = rnd.ranking.take(agent, CHUNK)
+            got = rnd.ranking.take(agent, max(FIRST_READ, len(q)))
             if not got:
                 return False
             for ref, rank, slot in got:
@@ -583,9 +664,6 @@ class TOPAS(Policy):
                     continue
                 rnd.rank[ref] = rank
                 rnd.value[ref] = rnd.credit[slot]
-                opened = rnd.analyses[ref[0]].opens.get(ref[1])
-                if opened:
-                    rnd.opened.update(opened)
                 q.append(ref)
         return True
 
@@ -637,8 +715,7 @@ class TOPAS(Policy):
             return None  # may run over while stages decode past their predictions)
         later = self._later(drain_s) if drained else 0.0
         position = dict.fromkeys(agents, 0)
-        queue = [(rnd.rank[rnd.queues[a][0]], a) for a in agents if rnd.queues.get(a)]
-        heapq.heapify(queue)
+        queue = [h for h in rnd.heads if h[1] in keep]  # sorted: a heap already
         admitted: list[StageRef] = []
         credit: dict[StageRef, float] = {}
         moved: dict[str, set[str]] = {}
@@ -647,11 +724,13 @@ class TOPAS(Policy):
         misfits, late, j_admit = 0, 0, 0.0
         while queue and slots > 0 and len(admitted) + late + len(retract) < self.max_changes:
             _, a = heapq.heappop(queue)
-            q = rnd.queues[a]
-            ref = q[position[a]]
-            position[a] += 1
-            if self._more(rnd, a, position[a]):
-                heapq.heappush(queue, (rnd.rank[q[position[a]]], a))
+            q, i = rnd.queues[a], position[a]
+            if i == len(q):  # its rank was in the heap: the stage exists
+                self._more(rnd, a, i)
+            ref = q[i]
+            position[a] = i + 1
+            if i + 1 < len(q) or self._more(rnd, a, i + 1):
+                heapq.heappush(queue, (rnd.rank[q[i + 1]], a))
             need = rnd.need[ref]
             now = need <= free
             if not now and (need > drained or not later):
@@ -725,9 +804,8 @@ class TOPAS(Policy):
 
         mode = self.search
         if mode == "all":  # no choice of residency: every active agent that fits, best first
-            heads = sorted((rnd.rank[q[0]], a) for a, q in rnd.queues.items())
             keep = list(current)
-            for _, a in heads:
+            for _, a in rnd.heads:
                 if a not in keep and score([*keep, a]) is not None:
                     keep.append(a)
             best = score(keep)
@@ -741,10 +819,9 @@ class TOPAS(Policy):
         else:
             best = self._greedy(active, current, score)
         assert best is not None  # the current residency always fits: nothing changes
-        if not best.admitted and not state.running and rnd.queues:
+        if not best.admitted and not state.running and rnd.heads:
             # never idle the server: the best single stage's agent alone
-            _, a = min((rnd.rank[q[0]], a) for a, q in rnd.queues.items())
-            alone = score((a,))
+            alone = score((rnd.heads[0][1],))
             if alone is not None and alone.admitted:
                 best = alone
         self.evaluated = len(scored)
@@ -904,7 +981,11 @@ class TOPAS(Policy):
         if queue is not None:
             if ref in queue:
                 queue.remove(ref)
-            if not self._more(rnd, agent, 0):
+            rnd.heads = [h for h in rnd.heads if h[1] != agent]
+            if self._more(rnd, agent, 0):
+                heapq.heappush(rnd.heads, (rnd.rank[queue[0]], agent))
+                rnd.heads.sort()
+            else:
                 del rnd.queues[agent]
         return self._commit(state, rnd, self._search(state, rnd), plan, agent)
 

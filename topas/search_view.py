@@ -47,6 +47,9 @@ class QueueView:
         self.stage_agent = np.zeros(64, dtype=np.int64)
         self.stage_used = np.zeros(64, dtype=bool)
         self.stage_order = np.zeros(64, dtype=np.int64)  # rank of its stage id in its task
+        self.stage_opens = np.zeros(64, dtype=np.int64)  # index into opens_table (0: none)
+        self.opens_table: list[tuple[str, ...]] = [()]  # agents a waiting stage would open
+        self._opens_id: dict[tuple[str, ...], int] = {(): 0}
         self.waiting: dict[str, dict[StageRef, None]] = {a: {} for a in self.agents}
         self.task_count: dict[str, dict[str, int]] = {a: {} for a in self.agents}
         self.hops: dict[str, int] = {}
@@ -90,13 +93,18 @@ class QueueView:
 
     # ------------------------------------------------------------------ waiting stages
 
-    def add_stage(self, ref: StageRef, agent: str, need: int, order: int) -> None:
-        """A waiting stage; ``order``: its id's rank among its task's stage ids."""
+    def add_stage(
+        self, ref: StageRef, agent: str, need: int, order: int, opens: tuple[str, ...] = ()
+    ) -> None:
+        """A waiting stage; ``order``: its id's rank among its task's stage ids;
+        ``opens``: the agents whose stages admitting it would make next hops."""
         slot = self.stages.add(ref)
         n = slot + 1
         self.stage_task, self.stage_agent = _grown(self.stage_task, n), _grown(self.stage_agent, n)
         self.stage_used, self.stage_order = _grown(self.stage_used, n), _grown(self.stage_order, n)
+        self.stage_opens = _grown(self.stage_opens, n)
         self.stage_order[slot] = order
+        self.set_opens(ref, opens, slot)
         self.stage_task[slot] = self.tasks.of[ref[0]]
         self.stage_agent[slot] = self.agent_index[agent]
         self.stage_used[slot] = True
@@ -120,6 +128,14 @@ class QueueView:
         counts[ref[0]] -= 1
         if not counts[ref[0]]:
             del counts[ref[0]]
+
+    def set_opens(self, ref: StageRef, opens: tuple[str, ...], slot: int | None = None) -> None:
+        """The agents whose stages admitting waiting stage ``ref`` would make next hops."""
+        i = self._opens_id.get(opens)
+        if i is None:
+            i = self._opens_id[opens] = len(self.opens_table)
+            self.opens_table.append(opens)
+        self.stage_opens[self.stages.of[ref] if slot is None else slot] = i
 
     def waiting_tasks(self) -> dict[str, int]:
         """Per agent, the tasks with a waiting stage of it."""
@@ -160,16 +176,17 @@ class QueueView:
         rank = np.empty(len(slots), dtype=np.int64)
         rank[glob] = np.arange(len(slots))
         agent = self.stage_agent[slots]
-        order = np.lexsort((rank, agent))
+        order = glob[np.argsort(agent[glob], kind="stable")]  # by agent, then by rank
         agent_sorted = agent[order]
-        starts = np.flatnonzero(np.r_[True, agent_sorted[1:] != agent_sorted[:-1]]).tolist()
-        ends = [*starts[1:], len(order)]
+        starts: list[int] = []
+        if len(order):
+            starts = np.flatnonzero(np.r_[True, agent_sorted[1:] != agent_sorted[:-1]]).tolist()
+        ends = [*starts[1:], len(order)] if starts else []
         spans = {
             self.agents[int(agent_sorted[lo])]: (lo, hi)
             for lo, hi in zip(starts, ends, strict=True)
-            if len(order)
         }
-        return Ranking(self, slots[order], rank[order], task[order], spans)
+        return Ranking(self, slots[order], rank[order], task[order], spans, starts)
 
 
 class Ranking:
@@ -184,11 +201,29 @@ class Ranking:
         rank: np.ndarray,
         task: np.ndarray,
         spans: dict[str, tuple[int, int]],
+        starts: list[int],
     ) -> None:
         self._view = view
         self._slots, self._rank, self._task = slots, rank, task
         self.spans = spans  # agent -> [lo, hi) of its stages in the arrays, best first
+        self._starts = starts  # the lo of every span, in array order
         self._taken = dict.fromkeys(spans, 0)
+
+    def opened(self, first: int) -> set[str]:
+        """The agents that some stage among the ``first`` best of an agent's would open."""
+        ids = self._view.stage_opens[self._slots]
+        at = np.flatnonzero(ids)  # positions of the stages that open any agent
+        lo = np.asarray(self._starts)[np.searchsorted(self._starts, at, side="right") - 1]
+        table = self._view.opens_table
+        out: set[str] = set()
+        for i in np.unique(ids[at[at - lo < first]]).tolist():
+            out.update(table[i])
+        return out
+
+    def heads(self) -> list[tuple[int, str]]:
+        """(global rank of its best stage, agent) for every agent with waiting stages, best
+        first."""
+        return sorted(zip(self._rank[self._starts].tolist(), self.spans, strict=True))
 
     def take(self, agent: str, n: int) -> list[tuple[StageRef, int, int]]:
         """The agent's next ``n`` stages not taken yet: (ref, global rank, task slot)."""
