@@ -1,12 +1,11 @@
 """Oracle scaling: the largest instance each backend proves optimal within a time limit.
 
-For every backend (cpsat, cbc, highs; cpsat is skipped when ``topas.oracle_cpsat`` is
-missing) and every workload family, instances grow (``small_instance`` with 2, 3, 4, ...
-tasks, so about 4-5 more stages per task) until the backend fails to prove optimality
-within ``--time-limit`` seconds on ``--threads`` threads. A size counts as proven when
-the instances of all ``--seeds`` seeds are. Every backend solves the same instances with
-the same warm start (the best baseline's step schedule). Prints the table
-family x backend -> largest number of stages proven, and the time it took; writes
+For every backend (cpsat, cbc, highs) and every workload family, instances grow
+(``small_instance`` with 2, 3, 4, ... tasks, so about 4-5 more stages per task) until the
+backend fails to prove optimality within ``--time-limit`` seconds on ``--threads`` threads.
+A size counts as proven when the instances of all ``--seeds`` seeds are. Every backend
+solves the same instances with the same warm start (the best baseline's step schedule).
+Prints the table family x backend -> largest number of stages proven, and the time it took; writes
 results/bench_oracle/{config.json, runs.csv, summary.md}.
 
     python analysis/bench_oracle.py [--time-limit 60] [--threads 2] [--seeds 2]
@@ -35,14 +34,13 @@ from typing import Any
 
 from topas.gap import (
     DEFAULT_FAMILIES,
-    backend_available,
     best_schedule,
     instance_seed,
     is_proven,
     policy_objectives,
 )
 from topas.instance import write_atomic
-from topas.oracle_milp import BACKENDS, solve
+from topas.oracle import BACKENDS, solve
 from topas.policies import BASELINES
 from topas.workloads import get_workload, small_instance
 
@@ -90,10 +88,6 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     for b in backends:
         if b not in BACKENDS:
             raise ValueError(f"--backends: unknown {b!r}; choose from {', '.join(BACKENDS)}")
-    skipped = [b for b in backends if not backend_available(b)]
-    backends = [b for b in backends if b not in skipped]
-    if not backends:
-        raise ValueError(f"--backends: none available ({', '.join(skipped)} missing)")
     if not families:
         raise ValueError("--families: none given")
     for f in families:
@@ -106,7 +100,6 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--min-tasks/--max-tasks: need 1 <= min <= max")
     return {
         "backends": backends,
-        "skipped_backends": skipped,
         "families": families,
         "time_limit": time_limit,
         "threads": args.threads,
@@ -257,8 +250,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_oracle: error: {e}", file=sys.stderr)
         return 2
     command = shlex.join(["python", "analysis/bench_oracle.py", *argv])
-    if cfg["skipped_backends"]:
-        print(f"skipping {', '.join(cfg['skipped_backends'])}: not available", file=sys.stderr)
     t0 = time.perf_counter()
     rows = run(cfg)
     summary = table(rows, cfg)

@@ -30,7 +30,7 @@ from topas.gap import (
     is_tuning_seed,
     run_gap_study,
 )
-from topas.oracle_common import BACKENDS
+from topas.oracle.problem import BACKENDS
 from topas.policies import split_specs
 
 

@@ -28,8 +28,8 @@ from topas.gap import (
     run_gap_study,
     validate_config,
 )
-from topas.oracle_common import OracleResult
-from topas.oracle_milp import solve
+from topas.oracle import solve
+from topas.oracle.problem import OracleResult
 from topas.policies import BASELINES, split_specs
 from topas.workloads import small_instance
 
@@ -213,8 +213,7 @@ def test_every_policy_jct_at_least_the_optimum_small(family: str, seed: int) -> 
     _check_policies_at_least_oracle(small_instance(family, seed=seed, num_tasks=2))
 
 
-def test_cpsat_property_when_available() -> None:
-    pytest.importorskip("topas.oracle_cpsat")
+def test_cpsat_every_policy_at_least_the_optimum() -> None:
     for family in ("chain", "metagpt-sop"):
         _check_policies_at_least_oracle(small_instance(family, seed=7, num_tasks=2), "cpsat")
 

@@ -6,14 +6,12 @@ and a recompute load of ``p`` tokens takes ``ceil(p/10)`` steps.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 from conftest import make, stage, task
 from test_step_model import CHAIN, TRADEOFF
 
-from topas.oracle_common import OracleError, StepProblem, serial_solution
-from topas.oracle_milp import solve
+from topas.oracle import solve
+from topas.oracle.problem import OracleError, StepProblem, serial_solution
 from topas.policies import BASELINES, make_policy
 from topas.policies.replay import Replay
 from topas.schedule import evaluate
@@ -21,7 +19,7 @@ from topas.simulator import simulate
 from topas.verify import verify_step
 from topas.workloads import small_instance
 
-BACKENDS = ["cbc", "highs"] + (["cpsat"] if importlib.util.find_spec("topas.oracle_cpsat") else [])
+BACKENDS = ["cbc", "highs", "cpsat"]
 
 # Early load: the task arrives at step 5; its prefix (40 tokens) loads in 4 steps. The
 # clairvoyant optimum starts the load at 1, so the stage (in 5, out 3: d = 4) runs 5..8
@@ -125,11 +123,11 @@ def test_zero_time_limit_is_a_timeout(backend):
     assert r.lower_bound == StepProblem.of(inst).lower_bound()
 
 
-@pytest.mark.parametrize("backend", ["highs"] + (["cpsat"] if "cpsat" in BACKENDS else []))
+@pytest.mark.parametrize("backend", ["highs", "cpsat"])
 def test_too_large_for_the_time_limit_is_not_claimed_optimal(backend):
     # 24 stages with a 1 s limit. (CBC is left out: its time limit is soft, its root LP on
     # this model runs for minutes; docs/oracle.md says so.)
-    from topas.oracle_milp import baseline_warm_start
+    from topas.oracle import baseline_warm_start
 
     inst = small_instance("mixed", seed=1, num_tasks=6)
     warm = baseline_warm_start(inst)
@@ -149,7 +147,7 @@ def test_too_large_for_the_time_limit_is_not_claimed_optimal(backend):
 
 
 def test_solver_infeasible_is_an_error(monkeypatch):
-    import topas.oracle_milp as om
+    import topas.oracle.milp as om
 
     monkeypatch.setattr(om, "_cbc_status", lambda lp, text: ("infeasible", float("-inf")))
     with pytest.raises(OracleError, match="formulation is wrong"):
@@ -159,8 +157,8 @@ def test_solver_infeasible_is_an_error(monkeypatch):
 def test_serial_solution_is_feasible_and_bounds_the_optimum():
     inst = make(**TRADEOFF)
     problem = StepProblem.of(inst)
-    from topas.oracle_common import to_schedule
-    from topas.oracle_milp import trim_residency
+    from topas.oracle import trim_residency
+    from topas.oracle.problem import to_schedule
 
     sched = to_schedule(problem, trim_residency(problem, serial_solution(problem)))
     verify_step(sched)
@@ -177,7 +175,7 @@ def test_cbc_bound_includes_the_objective_constant():
     run's bound must have it added back, or the bound overstates the optimum."""
     import pulp
 
-    from topas.oracle_milp import _cbc_status
+    from topas.oracle.milp import _cbc_status
 
     lp = pulp.LpProblem("t", pulp.LpMinimize)
     x = pulp.LpVariable("x", lowBound=0)
@@ -191,7 +189,7 @@ def test_cbc_bound_includes_the_objective_constant():
 def test_time_limited_bounds_never_exceed_the_optimum(backend):
     """Releases > 0 make the objective's constant matter (the bug this guards against)."""
     inst = small_instance("mixed", seed=3001, num_tasks=3)
-    reference = solve(inst, backend="cpsat" if "cpsat" in BACKENDS else "cbc", time_limit=60)
+    reference = solve(inst, backend="cpsat", time_limit=60)
     assert reference.status == "optimal"
     r = solve(inst, backend=backend, time_limit=1)
     assert r.lower_bound <= reference.objective
@@ -222,7 +220,7 @@ def test_solve_takes_the_best_baseline_as_its_own_warm_start():
     # CHAIN: kvflow's prefetch gives 10 steps, every other baseline 13 (test_step_model);
     # the optimum is 10, so the warm start is already optimal and bounds the horizon
     from topas.errors import InputError
-    from topas.oracle_milp import baseline_warm_start
+    from topas.oracle import baseline_warm_start
 
     inst = make(**CHAIN)
     assert evaluate(baseline_warm_start(inst)).objective_steps == 10

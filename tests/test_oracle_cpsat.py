@@ -14,9 +14,12 @@ from conftest import make, random_instances, stage, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topas.oracle_common import OracleError, OracleSolution, StepProblem, to_schedule
-from topas.oracle_cpsat import identical_groups, serial_solution, solve_cpsat
+from topas.oracle import BACKENDS, solve
+from topas.oracle.cpsat import identical_groups, serial_solution, solve_cpsat
+from topas.oracle.problem import OracleError, OracleSolution, StepProblem, to_schedule
+from topas.policies.replay import Replay
 from topas.schedule import ScheduleError, evaluate
+from topas.simulator import simulate
 from topas.verify import verify_step
 from topas.workloads import small_instance
 
@@ -266,6 +269,21 @@ def test_matches_brute_force(inst):
     problem = StepProblem.of(inst)
     _, _, obj = solve_optimal(inst)
     assert obj == brute_force(problem)
+
+
+@settings(max_examples=10, deadline=None)
+@given(inst=tiny_instances())
+def test_every_backend_proves_the_brute_force_optimum(inst):
+    # through the one entry point, every backend must prove (not just find) the optimum
+    # that enumeration finds, and hand back a schedule that replays to it
+    optimum = brute_force(StepProblem.of(inst))
+    for backend in BACKENDS:
+        r = solve(inst, backend=backend, time_limit=20)
+        assert (r.status, r.objective, r.lower_bound) == ("optimal", optimum, optimum), backend
+        assert (
+            evaluate(simulate(inst, Replay.of(r.schedule), timing="step")).objective_steps
+            == optimum
+        )
 
 
 @settings(max_examples=12, deadline=None)

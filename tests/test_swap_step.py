@@ -13,16 +13,15 @@ host ``l = max(1, ceil(p/tokens_per_s))``, recompute ``l = ceil(p/10)``.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 
 import pytest
 from conftest import make, random_instances, stage, task
 from hypothesis import given, settings
 
 from topas.instance import HostLoad
-from topas.oracle_common import OracleSolution, StepProblem, serial_solution, to_schedule
-from topas.oracle_cpsat import solve_cpsat
-from topas.oracle_milp import solve
+from topas.oracle import solve
+from topas.oracle.cpsat import solve_cpsat
+from topas.oracle.problem import OracleSolution, StepProblem, serial_solution, to_schedule
 from topas.policies import BASELINES, REGISTRY, make_policy
 from topas.policies.base import Policy
 from topas.policies.replay import Replay
@@ -33,19 +32,7 @@ from topas.timing import StepTiming
 from topas.verify import verify_step
 from topas.workloads import small_instance
 
-
-def _milp_backends() -> list[str]:
-    import pulp
-
-    out = []
-    if pulp.PULP_CBC_CMD(msg=False).available():
-        out.append("cbc")
-    if importlib.util.find_spec("highspy"):
-        out.append("highs")
-    return out
-
-
-MILP = _milp_backends()
+MILP = ["cbc", "highs"]  # both ship with the project's dependencies: never skipped
 BACKENDS = ["cpsat", *MILP]
 
 HOST10 = {"kind": "host", "tokens_per_s": 10.0}
@@ -329,7 +316,7 @@ def test_host_backends_agree_and_replay(family, seed):
     # recompute one plus the channel: its optimum can only be larger or equal (on the
     # mixed ones, when written, the channel binds: 58 vs 55 and 54 vs 52). The best
     # baseline's simulated schedule (queued loads and all) is the warm start, as in the CLI.
-    from topas.oracle_milp import baseline_warm_start
+    from topas.oracle import baseline_warm_start
 
     base = small_instance(family, seed=seed, num_tasks=2, rate=1000.0)
     inst = with_host(base, float(base.server.chunk_tokens))
@@ -357,7 +344,7 @@ def test_simulated_host_schedule_is_a_valid_warm_start():
     inst = make(**TWO, load=HOST10)
     sched, m = run(inst, "fcfs")
     problem = StepProblem.of(inst)
-    from topas.oracle_milp import solution_from_schedule
+    from topas.oracle import solution_from_schedule
 
     hint = solution_from_schedule(problem, sched)
     assert sorted(hint.residency) == [("a", 0, 6), ("b", 2, 9)]
@@ -374,7 +361,6 @@ def test_serial_solution_respects_the_channel():
     assert_serial(sched)
 
 
-@pytest.mark.skipif(not MILP, reason="no MILP backend (cbc or highs) available")
 @settings(max_examples=30, deadline=None)
 @given(inst=random_instances(max_tasks=3, max_stages=2, host=True))
 def test_host_milp_and_cpsat_agree_on_random_instances(inst):

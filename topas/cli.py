@@ -20,7 +20,7 @@ from typing import Any
 
 from topas.errors import InputError
 from topas.instance import Instance, load_instance, save_instance, write_atomic
-from topas.oracle_common import BACKENDS
+from topas.oracle.problem import BACKENDS
 from topas.policies import BASELINES, available, make_policy, split_specs
 from topas.profiles import MOVEMENTS
 from topas.results import oracle_result_document, result_document, write_result
@@ -345,7 +345,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_oracle(args: argparse.Namespace) -> None:
-    from topas.oracle_milp import solve
+    from topas.oracle import solve
 
     inst = load_instance(args.instance)
     if args.time_limit < 0:

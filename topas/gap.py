@@ -2,7 +2,7 @@
 
 :func:`run_gap_study` draws small step-model instances from workload families
 (:func:`topas.workloads.small_instance`), solves each one exactly
-(:func:`topas.oracle_milp.solve`), runs every policy on it in the step model, and reports
+(:func:`topas.oracle.solve`), runs every policy on it in the step model, and reports
 how far each policy's sum of JCTs is from the optimum. It writes
 
 - ``config.json``: the configuration, resolved policy specs, seeds, package version;
@@ -33,7 +33,6 @@ This module never imports :mod:`topas.cli` or ``analysis``.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 import math
@@ -48,7 +47,7 @@ import numpy as np
 
 from topas.errors import InputError
 from topas.instance import Instance, write_atomic
-from topas.oracle_common import OracleResult
+from topas.oracle.problem import OracleResult
 from topas.policies import BASELINES, available, make_policy
 from topas.schedule import Schedule, evaluate
 from topas.simulator import simulate
@@ -160,7 +159,7 @@ def validate_config(config: GapConfig) -> tuple[str, ...]:
 
     Raises ValueError with one line naming the bad setting.
     """
-    from topas.oracle_milp import BACKENDS
+    from topas.oracle import BACKENDS
     from topas.workloads import get_workload
 
     if isinstance(config.families, str) or not config.families:
@@ -189,8 +188,6 @@ def validate_config(config: GapConfig) -> tuple[str, ...]:
         raise InputError(f"seed: {config.seed!r} is not an integer >= 0")
     if config.backend not in BACKENDS:
         raise InputError(f"backend: unknown {config.backend!r}; choose from {', '.join(BACKENDS)}")
-    if config.backend == "cpsat" and not backend_available("cpsat"):
-        raise InputError("backend: cpsat is not available (topas.oracle_cpsat is missing)")
     tl = config.time_limit
     if isinstance(tl, bool) or not isinstance(tl, int | float) or not math.isfinite(tl) or tl <= 0:
         raise InputError(f"time_limit: {tl!r} is not a finite number of seconds > 0")
@@ -231,16 +228,6 @@ def validate_config(config: GapConfig) -> tuple[str, ...]:
     return specs
 
 
-def backend_available(backend: str) -> bool:
-    """Whether an oracle backend can run here (CP-SAT needs :mod:`topas.oracle_cpsat`)."""
-    if backend == "cpsat":
-        try:
-            return importlib.util.find_spec("topas.oracle_cpsat") is not None
-        except (ImportError, ValueError):
-            return False
-    return backend in ("cbc", "highs")
-
-
 # --------------------------------------------------------------------------- oracle helpers
 
 
@@ -268,7 +255,7 @@ def best_schedule(runs: dict[str, tuple[int, Schedule]]) -> tuple[str, int, Sche
 
 
 def is_proven(result: OracleResult) -> bool:
-    """Optimality is proven: the oracle reports ``optimal`` (:func:`topas.oracle_milp.solve`
+    """Optimality is proven: the oracle reports ``optimal`` (:func:`topas.oracle.solve`
     also reports it when the solver's bound, rounded up, meets the integer objective).
     The study adds no proof rule of its own, so it is only as sound as that bound."""
     return result.objective is not None and result.status == "optimal"
@@ -323,7 +310,7 @@ def study_instance(
     The warm start (and the upper bound on the optimum) is the best schedule of the
     baselines and the study's policies.
     """
-    from topas.oracle_milp import solve
+    from topas.oracle import solve
     from topas.workloads import small_instance
 
     seed = instance_seed(config_seed, num_tasks, index)
@@ -489,7 +476,7 @@ def config_document(config: GapConfig, specs: Sequence[str], command: str) -> di
         },
         "instance_generator": "topas.workloads.small_instance(family, seed, num_tasks)",
         "timing": "step",
-        "oracle": "topas.oracle_milp.solve; warm start: best baseline/policy step schedule",
+        "oracle": "topas.oracle.solve; warm start: best baseline/policy step schedule",
         "proven": "the oracle reports status optimal",
         "clairvoyance": CLAIRVOYANCE,
         "command": command,

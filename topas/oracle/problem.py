@@ -11,7 +11,7 @@ prefix residency intervals, in steps); :func:`to_schedule` makes it a
 :func:`~topas.verify.verify_step`, without the solver.
 
 Never imports the policies it judges: the feasible starting schedule comes from the
-caller (``topas.oracle_milp.solve`` runs the baselines).
+caller (``topas.oracle.solve`` runs the baselines).
 """
 
 from __future__ import annotations
@@ -19,15 +19,25 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from topas.errors import InputError
 from topas.instance import HostLoad, Instance, StageRef
-from topas.schedule import PrefixInterval, Schedule, StageRun, prefix_hits, step_peak_kv
+from topas.schedule import (
+    PrefixInterval,
+    Schedule,
+    ScheduleError,
+    StageRun,
+    evaluate,
+    prefix_hits,
+    step_peak_kv,
+)
 from topas.timing import StepTiming
+from topas.verify import verify_step
 
 STATUSES = ("optimal", "feasible", "timeout")
 
 
 BACKENDS = ("cpsat", "cbc", "highs")
-"""The exact solvers behind ``topas.oracle_milp.solve`` (CP-SAT, and the MILP through
+"""The exact solvers behind ``topas.oracle.solve`` (CP-SAT, and the MILP through
 PuLP with CBC or HiGHS); the command line's choices come from here."""
 
 
@@ -159,7 +169,7 @@ class OracleSolution:
 
 @dataclass
 class OracleResult:
-    """What :func:`topas.oracle_milp.solve` returns.
+    """What :func:`topas.oracle.solve` returns.
 
     ``status``: ``optimal`` (proved by the solver), ``feasible`` (a schedule, not proved
     optimal: ``lower_bound`` bounds the optimum) or ``timeout`` (no schedule found).
@@ -242,3 +252,70 @@ def objective_of(problem: StepProblem, sol: OracleSolution) -> int:
         end = max(sol.starts[v] + problem.stages[v].duration for v in ids)
         total += end - problem.releases[j]
     return total
+
+
+def verified(problem: StepProblem, sol: OracleSolution, what: str) -> tuple[Schedule, int]:
+    """The schedule of ``sol``, checked by :func:`~topas.verify.verify_step`, and its sum of
+    JCTs in steps recomputed by :func:`~topas.schedule.evaluate`, without the solver.
+    Raises :class:`OracleError` naming ``what`` (the backend) if it breaks the step model."""
+    schedule = to_schedule(problem, sol)
+    try:
+        verify_step(schedule)
+    except ScheduleError as e:
+        raise OracleError(f"{what}: the schedule breaks the step model: {e}") from e
+    objective = evaluate(schedule).objective_steps
+    assert objective is not None
+    return schedule, objective
+
+
+# --------------------------------------------------------------------------- start points
+
+
+def warm_hint(problem: StepProblem, warm_start: Schedule) -> OracleSolution:
+    """The warm start as a solution, checked by the independent step verifier before its
+    objective bounds anything (an infeasible one would cut off the optimum)."""
+    try:
+        hint = solution_from_schedule(problem, warm_start)
+        verify_step(to_schedule(problem, hint))
+    except (ScheduleError, OracleError) as e:
+        raise InputError(f"warm_start: not a feasible step-model schedule: {e}") from None
+    return hint
+
+
+def solution_from_schedule(problem: StepProblem, schedule: Schedule) -> OracleSolution:
+    """A simulated step schedule as an oracle solution (final runs; KV from start only,
+    so it stays feasible in the oracle's model, which charges less than rule 9). A load's
+    start is its transfer's, ``resident_from - l_a`` (a host load queued behind another
+    was requested earlier and held its KV from the request)."""
+    if schedule.timing != "step":
+        raise InputError("warm_start must be a step-model schedule")
+    index = {s.ref: v for v, s in enumerate(problem.stages)}
+    step = problem.step_s
+    starts = {index[r.ref]: round(r.start / step) for r in schedule.completed().values()}
+    residency = [
+        (p.agent, round(p.resident_from / step) - problem.load[p.agent], round(p.end / step))
+        for p in schedule.prefixes
+    ]
+    return trim_residency(problem, OracleSolution(starts, residency))
+
+
+def trim_residency(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
+    """Drop residency intervals no stage uses and end each at its last use: the same
+    objective, never more memory."""
+    uses: dict[int, int] = {}
+    for v, start in sol.starts.items():
+        s = problem.stages[v]
+        for k, (agent, load, end) in enumerate(sol.residency):
+            if (
+                agent == s.agent
+                and load + problem.load[agent] <= start
+                and start + s.duration <= end
+            ):
+                uses[k] = max(uses.get(k, 0), start + s.duration)
+                break
+        else:
+            raise OracleError(
+                f"stage {s.ref} starts at {start} outside every residency of {s.agent}"
+            )
+    kept = [(a, load, uses[k]) for k, (a, load, _) in enumerate(sol.residency) if k in uses]
+    return OracleSolution(dict(sol.starts), sorted(kept, key=lambda x: (x[1], x[0])))

@@ -17,9 +17,10 @@ is built by its own function below, named as in ``docs/oracle_cpsat.md``:
 - symmetry breaking for identical stages of a task (:func:`_add_identical_stage_order`)
   and the objective with its lower and upper bounds (:func:`_add_objective`).
 
-:func:`solve_cpsat` returns ``(status, solution, lower_bound, stats)``; every solution
-it returns has been re-checked with :func:`~topas.verify.verify_step` and its objective
-recomputed with :func:`~topas.schedule.evaluate`.
+:func:`solve_cpsat` returns ``(status, solution, lower_bound, stats)`` as the solver found
+them; :func:`topas.oracle.solve` verifies the solution (:func:`~topas.verify.verify_step`)
+and recomputes its objective (:func:`~topas.schedule.evaluate`). The bounds it uses, the
+hint's and the serial schedule's, are verified here before they bound anything.
 """
 
 from __future__ import annotations
@@ -31,17 +32,15 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from topas.oracle_common import (
+from topas.oracle.problem import (
     OracleError,
     OracleSolution,
     StepProblem,
     horizon,
     objective_of,
     serial_solution,
-    to_schedule,
+    verified,
 )
-from topas.schedule import ScheduleError, evaluate
-from topas.verify import verify_step
 
 # --------------------------------------------------------------------------- static data
 
@@ -123,15 +122,6 @@ def identical_groups(problem: StepProblem) -> list[list[int]]:
         )
         groups[key].append(v)
     return [sorted(g) for g in groups.values() if len(g) > 1]
-
-
-def _checked(problem: StepProblem, sol: OracleSolution) -> int:
-    """``verify_step`` the solution and return its objective from ``evaluate``."""
-    sched = to_schedule(problem, sol)
-    verify_step(sched)
-    obj = evaluate(sched).objective_steps
-    assert obj is not None
-    return obj
 
 
 # --------------------------------------------------------------------------- the model
@@ -513,7 +503,8 @@ def solve_cpsat(
     ``upper_bound`` (a proven bound, e.g. a baseline's objective) caps the objective and
     sets the horizon; without it the bound is the better of a valid ``hint`` and
     :func:`serial_solution`. ``hint`` is a feasible solution given to CP-SAT as a hint;
-    if the solver finds nothing in time, a valid hint is returned as ``feasible``.
+    if the solver finds nothing in time, a valid hint is returned as ``feasible``. The
+    returned solution is the solver's, unverified: :func:`topas.oracle.solve` checks it.
     ``params`` are extra CP-SAT parameters (a list replaces a repeated field);
     ``strengthen=False`` solves the plain formulation (see :func:`build_model`).
 
@@ -525,14 +516,19 @@ def solve_cpsat(
     if hint is not None:
         try:
             hint_sol = canonical_form(problem, hint)
-            hint_obj = _checked(problem, hint_sol)
-        except (ScheduleError, KeyError) as e:  # a broken hint is only ignored
+            hint_obj = verified(problem, hint_sol, "hint")[1]
+        except (OracleError, KeyError) as e:  # a broken hint is only ignored
             hint_sol = hint_obj = None
             hint_error = str(e)
         else:
             hint_error = ""
     serial = canonical_form(problem, serial_solution(problem))
-    serial_obj = _checked_loud(problem, serial, objective_of(problem, serial), "serial")
+    serial_obj = verified(problem, serial, "serial")[1]
+    if serial_obj != objective_of(problem, serial):
+        raise OracleError(
+            f"serial schedule: objective {objective_of(problem, serial)} but "
+            f"evaluate() gives {serial_obj}"
+        )
     # every proven bound caps the objective and shrinks the horizon
     ub = min(b for b in (upper_bound, serial_obj, hint_obj) if b is not None)
     if ub < problem.lower_bound():
@@ -599,12 +595,11 @@ def solve_cpsat(
         lb = max(lb, math.ceil(bound - 1e-6))
     if code in _STATUS:
         sol = _extract(m, solver)
-        obj = int(round(solver.objective_value))
-        checked = _checked_loud(problem, sol, obj)
+        obj = int(round(solver.objective_value))  # topas.oracle.solve checks it
         status = _STATUS[code]
         if status == "optimal":
             lb = obj
-        lb = min(lb, checked)
+        lb = min(lb, obj)
         stats["objective"] = obj
         stats["lower_bound"] = lb
         return status, sol, lb, stats
@@ -617,14 +612,3 @@ def solve_cpsat(
         return "feasible", hint_sol, lb, stats
     stats["lower_bound"] = lb
     return "timeout", None, lb, stats
-
-
-def _checked_loud(problem: StepProblem, sol: OracleSolution, obj: int, what: str = "CP-SAT") -> int:
-    """``verify_step`` and ``evaluate`` a solution; OracleError if it is wrong."""
-    try:
-        checked = _checked(problem, sol)
-    except ScheduleError as e:
-        raise OracleError(f"{what} schedule breaks the step model: {e}") from e
-    if checked != obj:
-        raise OracleError(f"{what} objective {obj} but evaluate() gives {checked}")
-    return checked

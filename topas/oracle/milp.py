@@ -1,21 +1,12 @@
-"""The exact oracle: optimal step-model schedules for small instances.
+"""The oracle's time-indexed MILP: the step model (DESIGN rules 1-12) in PuLP, solved by
+CBC or HiGHS.
 
-One entry point, :func:`solve`, and two independent formulations of the step model
-(DESIGN.md rules 1-12), both minimising the sum of task JCTs in steps:
-
-- a time-indexed MILP built with PuLP and solved by CBC or HiGHS (this module);
-- an interval model solved by OR-Tools CP-SAT (:mod:`topas.oracle_cpsat`).
-
-Each constraint family of the MILP is built by its own function, named as in
-``docs/oracle.md``. Statuses are honest: ``optimal`` only when the solver proved it
-(PuLP reports a time-limited CBC or HiGHS run as "Optimal", so the real solver status
-and bound are read), ``feasible`` with the best bound otherwise, ``timeout`` when no
-schedule was found. A solver answering "infeasible" on a validated instance means the
-model is wrong and raises :class:`~topas.oracle_common.OracleError`.
-
-Every returned schedule is rebuilt as a :class:`~topas.schedule.Schedule`, its objective
-recomputed by :func:`~topas.schedule.evaluate` and its feasibility checked by
-:func:`~topas.verify.verify_step`, without the solver.
+Each constraint family is built by its own function, named as in ``docs/oracle.md``.
+:func:`solve_milp` returns the solver's answer as it is: its status, read honestly (PuLP
+reports a time-limited CBC or HiGHS run as "Optimal", so the real solver status and bound
+are read), the solution it found and its proven bound. :func:`topas.oracle.solve`
+verifies and reconciles it. A solver answering "infeasible" on a validated instance means
+the model is wrong and raises :class:`~topas.oracle.problem.OracleError`.
 """
 
 from __future__ import annotations
@@ -30,150 +21,7 @@ from pathlib import Path
 
 import pulp
 
-from topas.errors import InputError
-from topas.instance import Instance
-from topas.oracle_common import (
-    BACKENDS,
-    OracleError,
-    OracleResult,
-    OracleSolution,
-    StepProblem,
-    horizon,
-    objective_of,
-    serial_solution,
-    to_schedule,
-)
-from topas.schedule import Schedule, ScheduleError, evaluate
-from topas.verify import verify_step
-
-
-def solve(
-    instance: Instance,
-    backend: str = "cpsat",
-    time_limit: float = 60.0,
-    threads: int = 2,
-    warm_start: Schedule | str | None = None,
-    log: bool = False,
-) -> OracleResult:
-    """Minimise the sum of JCTs of ``instance`` in the step model.
-
-    ``warm_start``: a feasible step-model schedule that bounds the horizon and seeds the
-    solver (verified first); ``"baselines"``: the best registered baseline's, simulated
-    here (:func:`baseline_warm_start`); without it a serial schedule is used.
-    ``time_limit`` is in seconds of solver time; 0 returns ``timeout`` at once.
-    """
-    if backend not in BACKENDS:
-        raise InputError(f"unknown oracle backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    t0 = time.perf_counter()
-    problem = StepProblem.of(instance)
-    if isinstance(warm_start, str):
-        if warm_start != "baselines":
-            raise InputError(f"warm_start: unknown {warm_start!r} (a Schedule or 'baselines')")
-        warm_start = baseline_warm_start(instance)
-    hint = warm_hint(problem, warm_start) if warm_start else serial_solution(problem)
-    upper = objective_of(problem, hint)
-    T = horizon(problem, upper)
-    trivial = problem.lower_bound()
-    if time_limit <= 0:
-        return OracleResult("timeout", None, trivial, time.perf_counter() - t0, None, backend, T)
-    if backend == "cpsat":
-        from topas.oracle_cpsat import solve_cpsat
-
-        status, sol, bound, stats = solve_cpsat(
-            problem, time_limit, threads, upper_bound=upper, hint=hint, log=log
-        )
-    else:
-        status, sol, bound, stats = solve_milp(
-            problem, T, backend, time_limit, threads, upper, hint, log
-        )
-    runtime = time.perf_counter() - t0
-    if sol is None:
-        return OracleResult("timeout", None, max(bound, trivial), runtime, None, backend, T, stats)
-    sol = trim_residency(problem, sol)
-    schedule = to_schedule(problem, sol)
-    try:
-        verify_step(schedule)
-    except ScheduleError as e:
-        raise OracleError(f"{backend}: the solver's schedule breaks the step model: {e}") from e
-    objective = evaluate(schedule).objective_steps
-    assert objective is not None
-    if status == "optimal":
-        bound = objective
-    bound = min(max(bound, trivial), objective)
-    if bound == objective:  # sums of JCTs are integers: a bound within 1 proves optimality
-        status = "optimal"
-    return OracleResult(status, objective, bound, runtime, schedule, backend, T, stats)
-
-
-# --------------------------------------------------------------------------- start points
-
-
-def baseline_warm_start(instance: Instance) -> Schedule:
-    """The best registered baseline's step-model schedule (least sum of JCTs; the first
-    in registry order among equals): a good upper bound, and a short horizon."""
-    from topas.policies import BASELINES, make_policy  # the oracle sits beside them
-    from topas.simulator import simulate
-
-    best: tuple[int, Schedule] | None = None
-    for spec in BASELINES:
-        sched = simulate(instance, make_policy(spec), timing="step")
-        obj = evaluate(sched).objective_steps
-        assert obj is not None
-        if best is None or obj < best[0]:
-            best = (obj, sched)
-    assert best is not None
-    return best[1]
-
-
-def warm_hint(problem: StepProblem, warm_start: Schedule) -> OracleSolution:
-    """The warm start as a solution, checked by the independent step verifier before its
-    objective bounds anything (an infeasible one would cut off the optimum)."""
-    try:
-        hint = solution_from_schedule(problem, warm_start)
-        verify_step(to_schedule(problem, hint))
-    except (ScheduleError, OracleError) as e:
-        raise InputError(f"warm_start: not a feasible step-model schedule: {e}") from None
-    return hint
-
-
-def solution_from_schedule(problem: StepProblem, schedule: Schedule) -> OracleSolution:
-    """A simulated step schedule as an oracle solution (final runs; KV from start only,
-    so it stays feasible in the oracle's model, which charges less than rule 9). A load's
-    start is its transfer's, ``resident_from - l_a`` (a host load queued behind another
-    was requested earlier and held its KV from the request)."""
-    if schedule.timing != "step":
-        raise InputError("warm_start must be a step-model schedule")
-    index = {s.ref: v for v, s in enumerate(problem.stages)}
-    step = problem.step_s
-    starts = {index[r.ref]: round(r.start / step) for r in schedule.completed().values()}
-    residency = [
-        (p.agent, round(p.resident_from / step) - problem.load[p.agent], round(p.end / step))
-        for p in schedule.prefixes
-    ]
-    return trim_residency(problem, OracleSolution(starts, residency))
-
-
-def trim_residency(problem: StepProblem, sol: OracleSolution) -> OracleSolution:
-    """Drop residency intervals no stage uses and end each at its last use: the same
-    objective, never more memory."""
-    uses: dict[int, int] = {}
-    for v, start in sol.starts.items():
-        s = problem.stages[v]
-        for k, (agent, load, end) in enumerate(sol.residency):
-            if (
-                agent == s.agent
-                and load + problem.load[agent] <= start
-                and start + s.duration <= end
-            ):
-                uses[k] = max(uses.get(k, 0), start + s.duration)
-                break
-        else:
-            raise OracleError(
-                f"stage {s.ref} starts at {start} outside every residency of {s.agent}"
-            )
-    kept = [(a, load, uses[k]) for k, (a, load, _) in enumerate(sol.residency) if k in uses]
-    return OracleSolution(dict(sol.starts), sorted(kept, key=lambda x: (x[1], x[0])))
-
+from topas.oracle.problem import OracleError, OracleSolution, StepProblem
 
 # --------------------------------------------------------------------------- the MILP
 
