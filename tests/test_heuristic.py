@@ -254,7 +254,7 @@ def test_aging_lets_an_old_task_overtake():
     assert _decide(inst, state, "topas-greedy:age_scale=10,aging=0").admit == (("young", "s"),)
 
 
-# --------------------------------------------------------------------------- preempt
+# --------------------------------------------------------------------------- redo
 
 
 def _victim_case():
@@ -289,11 +289,11 @@ def _victim(inst, state, spec):  # type: ignore[no-untyped-def]
     return policy.choose_victim(state, list(state.running))
 
 
-def test_preempt_retracts_the_stage_that_loses_least_work():
+def test_redo_weight_retracts_the_stage_that_loses_least_work():
     inst, state = _victim_case()
     assert _victim(inst, state, "topas-greedy") == ("t1", "fresh")
     # without the work term only the path value counts: the long task's stage goes
-    assert _victim(inst, state, "topas-greedy:preempt=0") == ("t0", "near")
+    assert _victim(inst, state, "topas-greedy:redo=0") == ("t0", "near")
 
 
 def test_no_preemption_when_memory_suffices():
@@ -327,7 +327,7 @@ def test_no_preemption_when_memory_suffices():
 # --------------------------------------------------------------------------- switches
 
 
-@pytest.mark.parametrize("term", ["path", "reuse", "move", "preempt", "aging"])
+@pytest.mark.parametrize("term", ["path", "reuse", "move", "redo", "aging"])
 def test_a_switch_leaves_a_neutral_decision_alone(term):
     # All prefixes resident, one task per agent, equal lengths, no ages, memory to
     # spare: every term is equal or zero across the candidates, so switching one off

@@ -543,17 +543,11 @@ def format_csv(rows: list[tuple[str, Metrics]]) -> str:
     return buf.getvalue()
 
 
-def _parse_kv(item: str) -> tuple[str, Any]:
+def _parse_kv(item: str) -> tuple[str, str]:
+    """``KEY=VALUE``; the workload converts the value to its parameter's type."""
     key, eq, value = item.partition("=")
     if not eq or not key:
         raise CliError(f"--param: expected KEY=VALUE, got {item!r}")
-    for kind in (int, float):
-        try:
-            return key, kind(value)
-        except ValueError:
-            pass
-    if value.lower() in ("true", "false"):
-        return key, value.lower() == "true"
     return key, value
 
 

@@ -16,7 +16,8 @@ first, and scores each step of the construction with the terms of ``DESIGN.md``
   starting it now; absent prefixes with ``R >= move * load_s / 2`` are prefetched.
 - **move**: an admission that needs its prefix loaded pays ``load_s`` (per second of its
   task's path); an eviction forfeits the evicted prefix's ``R``.
-- **preempt**: the retraction victim minimises the work it loses plus its task's value.
+- **redo**: the retraction victim minimises the work it loses (and must redo) plus its
+  task's value; this weight only orders victims.
 - **aging**: ``w_j = 1 + aging * age_j / age_scale``; the admission value adds
   ``(w_j - 1) / q`` to the Smith ratio, so after ``age_scale`` a task ranks with one that
   has a single stage left, whatever its length.
@@ -113,7 +114,7 @@ class TOPASGreedy(Policy):
     path: float = 1.0
     reuse: float = 1.0
     move: float = 1.0
-    preempt: float = 1.0
+    redo: float = 1.0  # weight of the lost work in the retraction order (was ``preempt``)
     aging: float = 1.0
     horizon: float = 0.0  # seconds; 0 = 4 x the mean predicted stage service
     age_scale: float = 0.0  # seconds; 0 = the mean predicted critical path of a task
@@ -567,7 +568,7 @@ class TOPASGreedy(Policy):
 
     def retraction_order(self, state: State, candidates) -> list[StageRef]:  # type: ignore[no-untyped-def]
         """Cheapest loss first. A retraction costs, in weighted seconds, the generated work
-        it must redo (``preempt``) plus its task's Smith-ratio value ``w_j * q / L_j`` times
+        it must redo (``redo``) plus its task's Smith-ratio value ``w_j * q / L_j`` times
         a typical stage service ``q`` (``path``): a task near its end is kept running."""
         board, weights, _ = self._scores(state)
         q = max(self._mean_svc, 1e-9)
@@ -576,7 +577,7 @@ class TOPASGreedy(Policy):
             tid = ref[0]
             w = float(weights[board.tasks.of[tid]])
             done = state.running[ref].generated / max(1, state.stage(ref).predicted_output)
-            lost = self.preempt * w * self._service(state, ref) * min(1.0, done)
+            lost = self.redo * w * self._service(state, ref) * min(1.0, done)
             value = self.path * w * q * q / max(self._views[tid].length, 1e-9)
             return (lost + value, tid, ref[1])
 

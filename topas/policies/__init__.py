@@ -15,6 +15,7 @@ from typing import Any
 
 from topas.errors import InputError
 from topas.heuristic import TOPASGreedy
+from topas.params import coerce
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
 from topas.policies.replay import Replay
@@ -162,16 +163,8 @@ def _field_kind(field: dataclasses.Field) -> type:
 
 def _convert(field: dataclasses.Field, value: str, spec: str) -> Any:
     kind = _field_kind(field)
-    if value.lower() == "none" and "None" in str(field.type):
-        return None
     try:
-        if kind is bool:
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        return kind(value)
+        return coerce(value, kind, optional="None" in str(field.type))
     except ValueError:
         raise PolicySpecError(
             f"policy spec {spec!r}: {field.name}={value!r} is not a valid {kind.__name__}"

@@ -18,6 +18,7 @@ import numpy as np
 
 from topas.errors import InputError
 from topas.instance import Agent, Instance, ServerSpec, Stage, StepCost, Task
+from topas.params import coerce
 from topas.profiles import DEFAULT_PROFILE, ServerProfile, get_profile
 from topas.workloads._common import (
     DEFAULT_PREFIX_SHARE,
@@ -94,44 +95,20 @@ def get_workload(name: str) -> Workload:
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
-    """Convert ``value`` to the type of ``default`` (strings are accepted, as from a CLI)."""
-    bad = ValueError(f"parameter {name}: invalid value {value!r} (default {default!r})")
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise bad
-    if default is None or isinstance(default, int):
-        if default is None and (value is None or str(value).lower() == "none"):
-            return None
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                raise bad from None
-        raise bad
-    if isinstance(default, float):
-        if isinstance(value, bool):
-            raise bad
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            raise bad from None
-        if not math.isfinite(out):
-            raise bad
-        return out
-    if isinstance(default, str):
-        if not isinstance(value, str):
-            raise bad
+    """``value`` as the type of ``default`` (:func:`topas.params.coerce`; strings are
+    accepted, as from a CLI; a default of None takes an integer or None)."""
+    if isinstance(default, bool | float | str):
+        kind: type = type(default)
+    elif default is None or isinstance(default, int):
+        kind = int
+    else:
         return value
-    return value
+    try:
+        return coerce(value, kind, optional=default is None)
+    except ValueError:
+        raise InputError(
+            f"parameter {name}: invalid value {value!r} (default {default!r})"
+        ) from None
 
 
 def resolve_params(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
