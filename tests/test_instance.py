@@ -1264,3 +1264,33 @@ def test_write_atomic_writes_text_or_bytes_and_leaves_nothing_behind(tmp_path):
     with pytest.raises(OSError, match="dir"):
         write_atomic(tmp_path / "dir", "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.png", "dir", "sub"]
+
+
+# --------------------------------------------------------------------------- DAG tails
+
+
+def test_longest_tails_hand_solved():
+    # a -> b -> d, a -> c -> d with own times a=1, b=5, c=2, d=1: the tail of a is
+    # 1 + max(5, 2) + 1 = 7, of b 5 + 1 = 6, of c 2 + 1 = 3, of d 1
+    from topas.instance import longest_tails
+
+    children = {"a": ("b", "c"), "b": ("d",), "c": ("d",), "d": ()}
+    own = {"a": 1, "b": 5, "c": 2, "d": 1}
+    tails = longest_tails(("a", "b", "c", "d"), children.__getitem__, own.__getitem__)
+    assert tails == {"a": 7, "b": 6, "c": 3, "d": 1}
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=15), st.data())
+def test_longest_tails_equal_the_heaviest_path_by_enumeration(edges, data):
+    import networkx as nx
+
+    from topas.instance import longest_tails
+
+    g = nx.DiGraph()
+    g.add_nodes_from(range(7))
+    g.add_edges_from((u, v) for u, v in edges if u < v)  # acyclic by construction
+    own = {n: data.draw(st.integers(1, 9)) for n in g}
+    tails = longest_tails(list(nx.topological_sort(g)), g.successors, own.__getitem__)
+    for n in g:  # every path from n (n alone included), node weights summed
+        paths = [[n]] + [p for t in nx.descendants(g, n) for p in nx.all_simple_paths(g, n, t)]
+        assert tails[n] == max(sum(own[m] for m in p) for p in paths)

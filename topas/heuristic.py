@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topas.instance import StageRef
+from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.scoreboard import Scoreboard
 from topas.state import Decision, Phase, PrefixStatus, State
@@ -294,11 +294,11 @@ class TOPASGreedy(Policy):
                 children=[[pos[c] for c in s.children] for s in stages],
                 deps=[[pos[d] for d in s.deps] for s in stages],
             )
-            tail = [0.0] * len(sids)
-            for i in range(len(sids) - 1, -1, -1):
-                tail[i] = shape.svc[i] + max((tail[c] for c in shape.children[i]), default=0.0)
+            tail = longest_tails(
+                range(len(sids)), shape.children.__getitem__, shape.svc.__getitem__
+            )
             self._n_path += 1
-            self._mean_path += (max(tail, default=0.0) - self._mean_path) / self._n_path
+            self._mean_path += (max(tail.values(), default=0.0) - self._mean_path) / self._n_path
         return shape
 
     def _analyse(self, state: State, tid: str) -> _TaskView:

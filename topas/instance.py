@@ -14,15 +14,18 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import networkx as nx
 
 from topas.errors import InputError
+
+K = TypeVar("K")
+N = TypeVar("N", int, float)
 
 FORMAT = "topas-instance/1"
 
@@ -267,6 +270,19 @@ class Task:
     @cached_property
     def topo_order(self) -> tuple[str, ...]:
         return tuple(nx.lexicographical_topological_sort(self.graph))
+
+
+def longest_tails(
+    order: Sequence[K], children: Callable[[K], Iterable[K]], own: Callable[[K], N]
+) -> dict[K, N]:
+    """Per node of a DAG, ``own(node)`` plus the longest tail among its ``children(node)``:
+    the longest path from the node to the end, the node included. ``order`` is a
+    topological order (every node before its children). The one place DAG tails are
+    computed (the oracle's bounds, critical-path priorities, TOPAS's paths)."""
+    tails: dict[K, N] = {}
+    for node in reversed(order):
+        tails[node] = own(node) + max((tails[c] for c in children(node)), default=0)  # type: ignore[operator]
+    return tails
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topas.errors import InputError
-from topas.instance import HostLoad, StageRef
+from topas.instance import HostLoad, StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.search_view import QueueView, Ranking
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
@@ -462,11 +462,11 @@ class TOPAS(Policy):
     def _register(self, state: State, tid: str) -> None:
         """Predicted services of a new task and its critical path (for ``H_age``)."""
         info = state.tasks[tid]
-        tail: dict[str, float] = {}
-        for sid in reversed(info.topo_order):
-            s = info.stages[sid]
-            own = self._service(state, (tid, sid))
-            tail[sid] = own + max((tail[c] for c in s.children), default=0.0)
+        tail = longest_tails(
+            info.topo_order,
+            lambda sid: info.stages[sid].children,
+            lambda sid: self._service(state, (tid, sid)),
+        )
         path = max(tail.values(), default=0.0)
         self._n_paths += 1
         self._mean_path += (path - self._mean_path) / self._n_paths

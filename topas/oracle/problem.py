@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from topas.errors import InputError
-from topas.instance import HostLoad, Instance, StageRef
+from topas.instance import HostLoad, Instance, StageRef, longest_tails
 from topas.schedule import (
     PrefixInterval,
     Schedule,
@@ -89,9 +89,7 @@ class StepProblem:
             for sid in t.topo_order:
                 deps = t.stage_by_id[sid].deps
                 head[sid] = max((head[d] + dur[d] for d in deps), default=0)
-            tail: dict[str, int] = {}
-            for sid in reversed(t.topo_order):
-                tail[sid] = dur[sid] + max((tail[c] for c in t.children[sid]), default=0)
+            tail = longest_tails(t.topo_order, t.children.__getitem__, dur.__getitem__)
             ids = []
             for s in t.stages:
                 ids.append(len(stages))

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from topas.instance import StageRef
+from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions, WaitingQueue, admit_in_order
 from topas.state import Decision, Phase, PrefixStatus, State
 from topas.timing import predicted_service_s
@@ -102,12 +102,12 @@ class _PathCache:
     def _compute(policy: Policy, state: State, tid: str) -> dict[str, float]:
         info = state.tasks[tid]
         ctx = policy.ctx
-        tails: dict[str, float] = {}
-        for sid in reversed(info.topo_order):
+
+        def own(sid: str) -> float:
             s = info.stages[sid]
-            own = predicted_service_s(ctx.server, ctx.timing, s.input_tokens, s.predicted_output)
-            tails[sid] = own + max((tails[c] for c in s.children), default=0.0)
-        return tails
+            return predicted_service_s(ctx.server, ctx.timing, s.input_tokens, s.predicted_output)
+
+        return longest_tails(info.topo_order, lambda sid: info.stages[sid].children, own)
 
 
 @dataclass
