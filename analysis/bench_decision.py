@@ -24,7 +24,6 @@ waiting and the topas/lpm ratio; writes results/bench_decision/{summary.md, runs
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import hashlib
 import inspect
@@ -35,7 +34,6 @@ import platform
 import shlex
 import sys
 import time
-import types
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from topas.instance import Agent, Instance, ServerSpec, Stage, Task, write_atomic
+from topas.kv import sglang_kv_need
 from topas.policies import Policy, PolicyContext, make_policy, split_specs
-from topas.simulator import CalibratedEngine, _Engine
 from topas.state import (
     Decision,
     Phase,
@@ -52,6 +50,7 @@ from topas.state import (
     State,
     TaskInfo,
     apply_inplace,
+    check_invariants,
     complete_stage,
     prefix_ready,
     task_arrives,
@@ -148,11 +147,13 @@ class ServingLoop:
         self.target = waiting
         self.rng = np.random.default_rng([seed, 2])
         self.tasks = task_stream(seed, instance.agents)
-        # the engine's own kv_need (SGLang's reservation), bound to this state
-        holder = types.SimpleNamespace()
-        self.state = State.initial(instance, functools.partial(CalibratedEngine.kv_need, holder))
-        holder.state = self.state
-        self.check = types.SimpleNamespace(state=self.state)  # for _Engine.check_invariants
+        # SGLang's reservation, as the calibrated engine commits it
+        kv_need = sglang_kv_need(
+            lambda ref: self.state.stage(ref),
+            lambda agent: self.state.prefixes[agent].tokens,
+            instance.server.kv_capacity_tokens,
+        )
+        self.state = State.initial(instance, kv_need)
         self.released = 0
         self.refill()
 
@@ -194,7 +195,7 @@ class ServingLoop:
         ref = running[int(self.rng.integers(len(running)))]
         complete_stage(st, ref, st.time - (st.running[ref].started_at or st.time))
         self.refill()
-        _Engine.check_invariants(self.check)
+        check_invariants(st)
 
 
 @dataclass(frozen=True)

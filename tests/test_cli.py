@@ -1013,11 +1013,12 @@ def test_an_internal_error_is_not_reported_as_bad_input(
     # (70, EX_SOFTWARE), a message that says so, a request to report it, no output file;
     # bad input keeps status 2 and one line
     import topas.cli as cli
+    import topas.runs
 
     def broken(*args: Any, **kw: Any) -> None:
         raise ValueError("kv_committed went negative")
 
-    monkeypatch.setattr(cli, "simulate", broken)
+    monkeypatch.setattr(topas.runs, "simulate", broken)
     out_file = tmp_path / "r.json"
     rc = cli.main(["simulate", str(calibrated_file), "--policy", "lpm", "--out", str(out_file)])
     err = capsys.readouterr().err

@@ -16,7 +16,6 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from topas.errors import InputError
 from topas.instance import Instance, load_instance, save_instance, write_atomic
@@ -24,8 +23,8 @@ from topas.oracle.problem import BACKENDS
 from topas.policies import BASELINES, available, make_policy, split_specs
 from topas.profiles import MOVEMENTS
 from topas.results import oracle_result_document, result_document, write_result
+from topas.runs import compare_policies, cuts_vs_best, run_policy, timing_mode
 from topas.schedule import Metrics, evaluate
-from topas.simulator import simulate
 from topas.timing import TIMING_MODES
 
 EXIT_USAGE = 2
@@ -290,7 +289,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     inst = retimed(load_instance(args.instance), args)
     make_policy(args.policy)  # fail fast on a bad spec
     timing = timing_mode(inst, args.timing)
-    metrics, doc = run_one(
+    metrics, doc = run_policy(
         inst,
         args.policy,
         timing,
@@ -311,7 +310,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for spec in specs:
         make_policy(spec)  # fail fast on a bad spec, before any run
     timing = timing_mode(inst, args.timing)
-    rows = compare(
+    rows = compare_policies(
         inst,
         specs,
         timing,
@@ -398,7 +397,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         f"{len(inst.agents)} agents, KV budget {inst.server.kv_capacity_tokens} tokens, "
         f"prefixes {sum(a.prefix_tokens for a in inst.agents)} tokens; calibrated timing"
     )
-    rows = compare(inst, [*BASELINES, "topas"], "calibrated", args.seed, progress=True)
+    rows = compare_policies(inst, [*BASELINES, "topas"], "calibrated", args.seed, progress=True)
     print(format_table(rows, "calibrated"))
     for line in demo_cuts(rows):
         print(line)
@@ -407,86 +406,16 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def demo_cuts(rows: list[tuple[str, Metrics]]) -> list[str]:
     """TOPAS's cut against the best baseline (the lowest of every registered baseline,
     chosen per metric), one line per metric."""
-    got = dict(rows)
-    topas = got["topas"]
-    out = []
-    for key, label in (("mean_jct", "mean JCT"), ("p99_jct", "p99 JCT")):
-        best = min(BASELINES, key=lambda b: getattr(got[b], key))
-        ours, theirs = getattr(topas, key), getattr(got[best], key)
-        cut = 100.0 * (1.0 - ours / theirs)
-        word = "faster" if cut >= 0 else "slower"
-        out.append(
-            f"topas {label}: {ours:.1f} s against the best baseline's {theirs:.1f} s "
-            f"({best}): {abs(cut):.1f}% {word}"
-        )
-    return out
+    labels = {"mean_jct": "mean JCT", "p99_jct": "p99 JCT"}
+    return [
+        f"topas {labels[c.metric]}: {c.ours:.1f} s against the best baseline's "
+        f"{c.theirs:.1f} s ({c.best}): {abs(c.percent):.1f}% "
+        + ("faster" if c.percent >= 0 else "slower")
+        for c in cuts_vs_best(rows)
+    ]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def timing_mode(inst: Instance, requested: str | None) -> str:
-    """``--timing`` wins; else a step cost model means step, anything else calibrated."""
-    if requested is not None:
-        return requested
-    cm = inst.server.cost_model
-    return "step" if cm is not None and cm.kind == "step" else "calibrated"
-
-
-def run_one(
-    inst: Instance,
-    spec: str,
-    timing: str,
-    seed: int,
-    progress: bool,
-    include_schedule: bool = False,
-    prediction_error: float = 0.0,
-) -> tuple[Metrics, dict[str, Any]]:
-    """Simulate one policy and build its result document."""
-    policy = make_policy(spec)
-    bar = _progress_bar(inst.num_stages, spec, progress)
-    t0 = time.perf_counter()
-    try:
-        schedule = simulate(
-            inst,
-            policy,
-            timing=timing,
-            seed=seed,
-            progress=None if bar is None else bar.update,
-            prediction_error=prediction_error,
-        )
-    finally:
-        if bar is not None:
-            bar.close()
-    runtime = time.perf_counter() - t0
-    metrics = evaluate(schedule)
-    extra = {"prediction_error": prediction_error} if prediction_error else None
-    doc = result_document(
-        inst,
-        schedule,
-        metrics,
-        spec,
-        seed,
-        timing,
-        runtime,
-        include_schedule=include_schedule,
-        extra=extra,
-    )
-    return metrics, doc
-
-
-def compare(
-    inst: Instance,
-    specs: list[str],
-    timing: str,
-    seed: int,
-    progress: bool,
-    prediction_error: float = 0.0,
-) -> list[tuple[str, Metrics]]:
-    return [
-        (spec, run_one(inst, spec, timing, seed, progress, prediction_error=prediction_error)[0])
-        for spec in specs
-    ]
 
 
 def _prediction_error(args: argparse.Namespace) -> float:
@@ -494,14 +423,6 @@ def _prediction_error(args: argparse.Namespace) -> float:
     if not (math.isfinite(sigma) and sigma >= 0):
         raise CliError(f"--prediction-error: must be a finite number >= 0, got {sigma}")
     return sigma
-
-
-def _progress_bar(total: int, desc: str, enabled: bool):  # type: ignore[no-untyped-def]
-    if not enabled or total < 2000:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="stage", leave=False, file=sys.stderr)
 
 
 # the simulated figures of the summary (the wall-clock decision times stay out of tables)

@@ -181,23 +181,3 @@ def prefix_hits(schedule: Schedule) -> list[bool]:
         any(lo - eps <= r.admit < hi - eps for lo, hi in spans.get(r.agent, ()))
         for r in schedule.runs
     ]
-
-
-def step_peak_kv(schedule: Schedule) -> int:
-    """Peak KV held by a step-model schedule: stages hold input + output from admission
-    to end, prefixes their tokens from load start to end."""
-    inst = schedule.instance
-    events: list[tuple[float, int]] = []
-    for r in schedule.runs:
-        s = inst.stage(r.ref)
-        kv = s.input_tokens + s.output_tokens
-        events += [(r.admit, kv), (r.end, -kv)]
-    for p in schedule.prefixes:
-        tokens = inst.agent_by_id[p.agent].prefix_tokens
-        events += [(p.load_start, tokens), (p.end, -tokens)]
-    events.sort()  # at equal times, releases (negative) come first
-    peak = cur = 0
-    for _, d in events:
-        cur += d
-        peak = max(peak, cur)
-    return peak

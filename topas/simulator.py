@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from topas.errors import InputError
 from topas.instance import HostLoad, Instance, StageRef
+from topas.kv import overrun_need, reservation, step_need, step_peak_kv
 from topas.policies.base import Policy, PolicyContext
-from topas.schedule import PrefixInterval, Schedule, StageRun, step_peak_kv
+from topas.schedule import PrefixInterval, Schedule, StageRun
 from topas.state import (
     Decision,
     Phase,
@@ -33,6 +34,7 @@ from topas.state import (
     State,
     TaskInfo,
     apply_inplace,
+    check_invariants,
     complete_stage,
     prefix_ready,
     task_arrives,
@@ -259,26 +261,8 @@ class _Engine:
         )
 
     def check_invariants(self) -> None:
-        """Full check (debug mode): accounting, phases, prefixes of running stages."""
-        st = self.state
-        committed = sum(r.reserved for r in st.running.values()) + sum(
-            p.tokens for p in st.prefixes.values() if p.status != PrefixStatus.ABSENT
-        )
-        assert committed == st.kv_committed, (committed, st.kv_committed)
-        users: dict[str, int] = {a: 0 for a in st.prefixes}
-        for ref in st.running:
-            users[st.agent_of(ref)] += 1
-            if st.phase[ref] == Phase.RUNNING:
-                assert st.is_resident(st.agent_of(ref)), f"{ref} runs without its prefix"
-            task = st.tasks[ref[0]]
-            for d in task.stages[ref[1]].deps:
-                assert st.phase[(ref[0], d)] == Phase.DONE, f"{ref} runs before dep {d}"
-        for a, p in st.prefixes.items():
-            assert p.users == users[a], (a, p.users, users[a])
-        for ref in st.waiting:
-            assert st.phase[ref] == Phase.WAITING
-        if st.max_running is not None:
-            assert len(st.running) <= st.max_running
+        """Full check (debug mode): :func:`topas.state.check_invariants`."""
+        check_invariants(self.state)
 
 
 # =========================================================================== step model
@@ -306,7 +290,7 @@ class StepEngine(_Engine):
     def kv_need(self, ref: StageRef, generated: int) -> int:
         # Rule 3: a stage holds input + output tokens (the truth: feasibility is the engine's).
         s = self.inst.stage(ref)
-        return s.input_tokens + s.output_tokens
+        return step_need(s.input_tokens, s.output_tokens)
 
     def release_key(self, i: int) -> tuple[float, int]:
         return (self.st_timing.release(self.inst.tasks[i].arrival), i)
@@ -475,14 +459,10 @@ class CalibratedEngine(_Engine):
     # ------------------------------------------------------------------ accounting
 
     def kv_need(self, ref: StageRef, generated: int) -> int:
-        # SGLang reserves input + predicted remaining output. After a retraction the
-        # generated tokens come back as prompt and at least the next token still needs
-        # KV: input + max(predicted, generated + 1). A prediction too long to fit even
-        # alone is clipped to what fits beside the prefix (the truth always does, by
-        # validation), so no stage waits for ever.
+        # SGLang's reservation (topas.kv.reservation), with the policy's predictions
         info = self.state.stage(ref)
         room = self.state.capacity - self.state.prefixes[info.agent].tokens
-        return min(info.input_tokens + max(info.predicted_output, generated + 1), room)
+        return reservation(info.input_tokens, info.predicted_output, generated, room)
 
     def on_admit(self, ref: StageRef) -> None:
         gen = self.state.generated.get(ref, 0)
@@ -591,7 +571,7 @@ class CalibratedEngine(_Engine):
                 self.overrunning.add(ref)
         for ref in self.overrunning:
             live, run = self.live[ref], st.running[ref]
-            need = live.held(self.decode_iter) + 1
+            need = overrun_need(live.held(self.decode_iter))
             if need > run.reserved:
                 st.kv_committed += need - run.reserved
                 run.reserved = need

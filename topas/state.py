@@ -441,6 +441,35 @@ def prefix_ready(state: State, agent: str) -> list[StageRef]:
     return started
 
 
+def committed_kv(state: State) -> int:
+    """``state``'s committed KV recounted: resident and loading prompts plus the
+    reservations of admitted and running stages (``kv_committed`` must equal it)."""
+    prompts = sum(p.tokens for p in state.prefixes.values() if p.status != PrefixStatus.ABSENT)
+    return prompts + sum(r.reserved for r in state.running.values())
+
+
+def check_invariants(state: State) -> None:
+    """Full consistency check (the engines' debug mode, the decision bench): committed KV
+    equals its recount (:func:`committed_kv`), every running stage's prompt is
+    resident and its dependencies done, prompt user counts match, waiting stages are
+    waiting, and ``max_running`` holds. Raises AssertionError naming what broke."""
+    recount = committed_kv(state)
+    assert recount == state.kv_committed, (recount, state.kv_committed)
+    users: dict[str, int] = {a: 0 for a in state.prefixes}
+    for ref in state.running:
+        users[state.agent_of(ref)] += 1
+        if state.phase[ref] == Phase.RUNNING:
+            assert state.is_resident(state.agent_of(ref)), f"{ref} runs without its prefix"
+        for d in state.stage(ref).deps:
+            assert state.phase[(ref[0], d)] == Phase.DONE, f"{ref} runs before dep {d}"
+    for a, p in state.prefixes.items():
+        assert p.users == users[a], (a, p.users, users[a])
+    for ref in state.waiting:
+        assert state.phase[ref] == Phase.WAITING
+    if state.max_running is not None:
+        assert len(state.running) <= state.max_running
+
+
 # --------------------------------------------------------------------------- planning
 
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 import numpy as np
 
 from topas.instance import HostLoad
+from topas.kv import step_need
 from topas.schedule import Schedule, ScheduleError
 from topas.timing import StepTiming
 
@@ -74,7 +75,7 @@ def verify_step(schedule: Schedule) -> None:
             raise ScheduleError(
                 f"stage {r.task}/{r.stage}: admit {a}, start {s}, end {e} out of order"
             )
-        kv[a:e] += stage.input_tokens + stage.output_tokens
+        kv[a:e] += step_need(stage.input_tokens, stage.output_tokens)
         slots[a:e] += 1
         if r.preempted:
             continue

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from topas.errors import InputError
 from topas.instance import HostLoad, Instance, StageRef, longest_tails
+from topas.kv import step_need, step_peak_kv
 from topas.schedule import (
     PrefixInterval,
     Schedule,
@@ -28,7 +29,6 @@ from topas.schedule import (
     StageRun,
     evaluate,
     prefix_hits,
-    step_peak_kv,
 )
 from topas.timing import StepTiming
 from topas.verify import verify_step
@@ -99,7 +99,7 @@ class StepProblem:
                         task=j,
                         agent=s.agent,
                         duration=dur[s.id],
-                        kv=s.input_tokens + s.output_tokens,
+                        kv=step_need(s.input_tokens, s.output_tokens),
                         deps=tuple(index[(t.id, d)] for d in s.deps),
                         head=head[s.id],
                         tail=tail[s.id],

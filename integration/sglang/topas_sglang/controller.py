@@ -35,7 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from topas.instance import ServerSpec, StageRef, Task
+from topas.instance import ServerSpec, StageRef
+from topas.kv import sglang_kv_need
 from topas.observe import observed_state
 from topas.policies import make_policy
 from topas.policies.base import Policy, PolicyContext
@@ -203,7 +204,11 @@ class Controller:
             obs.requests,
             self._resident(),
             now,
-            _kv_need(tasks, self.prefix_tokens, server.kv_capacity_tokens),
+            sglang_kv_need(  # what SGLang's PrefillAdder reserves (topas.kv.reservation)
+                lambda ref: tasks[ref[0]].stage_by_id[ref[1]],
+                lambda agent: self.prefix_tokens.get(agent, 0),
+                server.kv_capacity_tokens,
+            ),
             {tid: done for tid, done in self.finished.items() if tid in tasks},
             self.stamps,
         )
@@ -288,19 +293,6 @@ def refill(seq: list, ranked: list, key: Callable[[Any], Any] = id) -> list:
     if Counter(map(key, out)) != Counter(map(key, seq)):
         raise ValueError("refill: the ranked items are not the slotted members")
     return out
-
-
-def _kv_need(tasks: dict[str, Task], prefix: dict[str, int], capacity: int):  # type: ignore[no-untyped-def]
-    """What SGLang's PrefillAdder reserves for a stage with ``ignore_eos``: its input plus
-    the rest of its predicted output (at least the next token), clipped to fit beside
-    the prompt (as the calibrated simulator does)."""
-
-    def need(ref: StageRef, generated: int) -> int:
-        s = tasks[ref[0]].stage_by_id[ref[1]]
-        room = max(1, capacity - prefix.get(s.agent, 0))
-        return min(s.input_tokens + max(s.predicted_output, generated + 1), room)
-
-    return need
 
 
 def _chunk_tokens() -> int:
