@@ -35,6 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
+from topas.study import md_table  # noqa: E402
+
 FULL = "topas"
 METRICS = (("mean_jct", "mean JCT"), ("p99_jct", "p99 JCT"))
 
@@ -141,7 +143,7 @@ def ablation_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], w:
             cell = "—" if v == FULL else _marked(*changes[m][v])
             row += [ex.fmt_s(ex.mean_of(point, m)), cell]
         body.append(row)
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 def ablation_overview(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) -> str:
@@ -152,7 +154,7 @@ def ablation_overview(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any])
         for v in cfg["variants"]
         if v != FULL
     ]
-    return ex.md_table(["variant", *cfg["workloads"]], body)
+    return md_table(["variant", *cfg["workloads"]], body)
 
 
 # --------------------------------------------------------------------------- part B
@@ -172,7 +174,7 @@ def sweep_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], w: st
                 cell = "—" if sigma == 0 else _marked(*ex.paired_change(rows, here, ref, m))
                 row += [ex.fmt_s(ex.mean_of(ex.select(rows, **here), m)), cell]
             body.append(row)
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 # --------------------------------------------------------------------------- summary

@@ -30,6 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
+from topas.study import md_table  # noqa: E402
+
 PROPOSED = "topas"
 METRICS = (("mean_jct", "mean JCT"), ("p99_jct", "p99 JCT"))
 DEFAULT_LOADS = "0.5,0.8,1.0,1.2"
@@ -44,7 +46,7 @@ def build_parser() -> ex.Parser:
         "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
     )
     ap.add_argument("--tasks", default="200", help="tasks per instance")
-    ap.add_argument("--policies", default=ex.default_policies(), help="policy specs")
+    ap.add_argument("--policies", default=ex.compared_policies(), help="policy specs")
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--kv-scale", default="1.0", help="multiplies the default KV budget")
     ap.add_argument("--out", default="results/compare", help="output folder")
@@ -136,7 +138,7 @@ def workload_table(comp: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> str
             c = by_metric[m]
             row += [c["best"], ex.fmt_s(c["best_value"]), ex.fmt_s(c["value"]), _change_cell(c)]
         body.append(row)
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 def headline(workload: str, comp: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> str:
@@ -166,7 +168,7 @@ def means_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], metri
                     for p in cfg["policies"]
                 ]
             )
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 def summarize(

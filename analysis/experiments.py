@@ -5,13 +5,14 @@ Not a script: the two studies put this folder on ``sys.path`` and ``import exper
 - :func:`run_point`: one simulation (workload, load, seed, policy spec) -> one CSV row.
   Every worker regenerates its instance from (workload, num_tasks, seed, load), so nothing
   large crosses process boundaries.
-- :func:`run_grid`: many rows in parallel (joblib) with a tqdm bar that advances as runs
-  finish; the output keeps the order of the input jobs.
+- :func:`run_grid`: many rows in parallel through the study framework's runner
+  (:func:`topas.study.run_jobs`: joblib, a bar that advances as runs finish, rows in the
+  order of the jobs).
 - Paired statistics over seeds: :func:`paired_reduction` (mean relative change, 95% CI
   half-width, Student t) and :func:`best_baseline` (per point and per metric).
-- Output: CSV and markdown rendering, PNG rendering to bytes, and :func:`write_outputs`,
-  which writes every file through ``topas.instance.write_atomic`` (a temporary file and
-  ``os.replace``).
+- Output: :func:`run_study` renders config.json, runs.csv and summary.md with the study
+  framework (:mod:`topas.study`: CSV and markdown writers, ``config_document``, the atomic
+  ``write_outputs``) plus each study's plots, rendered here to PNG bytes.
 - CLI validation shared by both scripts: bad input raises :class:`CliError`, which
   :func:`run_cli` turns into one ``error: ...`` line on stderr and exit status 2, before
   any run and before the output folder exists.
@@ -20,7 +21,6 @@ Not a script: the two studies put this folder on ``sys.path`` and ``import exper
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import math
@@ -29,17 +29,18 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
 from topas.gap import TUNING_SEED_MIN
-from topas.instance import Instance, write_atomic
+from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
+from topas.study import config_document as study_config_document
+from topas.study import rows_to_csv, run_jobs, write_outputs
 from topas.workloads import WORKLOADS, generate
 
 STUDY_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.profile is None)
@@ -144,33 +145,16 @@ def run_point(
     return row
 
 
-def _indexed_run(index: int, job: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    return index, run_point(**job)
+def _run_job(job: Mapping[str, Any]) -> dict[str, Any]:
+    return run_point(**job)
 
 
 def run_grid(
     jobs: Sequence[Mapping[str, Any]], n_jobs: int, progress: bool = True
 ) -> list[dict[str, Any]]:
-    """Run every job (keyword arguments of :func:`run_point`) on ``n_jobs`` processes.
-
-    Results arrive in completion order (so the bar advances as runs finish) and are put
-    back in the order of ``jobs``.
-    """
-    from joblib import Parallel, delayed
-
-    tasks = (delayed(_indexed_run)(i, dict(job)) for i, job in enumerate(jobs))
-    results: Iterable[tuple[int, dict[str, Any]]] = Parallel(
-        n_jobs=n_jobs, return_as="generator_unordered"
-    )(tasks)
-    if progress:
-        from tqdm import tqdm
-
-        results = tqdm(results, total=len(jobs), desc="runs", unit="run", file=sys.stderr)
-    rows: list[dict[str, Any] | None] = [None] * len(jobs)
-    for i, row in results:
-        rows[i] = row
-    assert all(r is not None for r in rows)
-    return rows  # type: ignore[return-value]
+    """Run every job (keyword arguments of :func:`run_point`) on ``n_jobs`` processes
+    (:func:`topas.study.run_jobs`: rows in the order of ``jobs``)."""
+    return run_jobs(_run_job, [dict(job) for job in jobs], n_jobs, progress)
 
 
 def unique_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -272,35 +256,6 @@ def significant(change: float, half: float) -> bool:
 # --------------------------------------------------------------------------- rendering
 
 
-def _cell(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return f"{v:.10g}" if math.isfinite(v) else ""
-    return v
-
-
-def rows_to_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = RUN_COLUMNS) -> str:
-    """CSV text: ``columns`` present in the rows first, then any other keys."""
-    keys = [c for c in columns if any(c in r for r in rows)]
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(keys)
-    for r in rows:
-        w.writerow([_cell(r.get(k)) for k in keys])
-    return buf.getvalue()
-
-
-def md_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
-    return "\n".join(lines)
-
-
 def fmt_s(x: float) -> str:
     """Seconds with three significant digits or more."""
     return f"{x:.1f}" if abs(x) >= 100 else f"{x:.3g}"
@@ -333,14 +288,6 @@ def figure_png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def write_outputs(out: Path, files: Mapping[str, str | bytes]) -> None:
-    """Create ``out`` if needed and write every file atomically. Callers render all the
-    content first, so an error while rendering leaves the folder as it was."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        write_atomic(out / name, data)
-
-
 def run_study(
     study: str,
     script: str,
@@ -361,7 +308,7 @@ def run_study(
     params = {**cfg, "runs": len(rows), "wall_s": round(wall_s, 3)}
     files: dict[str, str | bytes] = {
         "config.json": json.dumps(config_document(study, params, command), indent=1) + "\n",
-        "runs.csv": rows_to_csv(rows),
+        "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
         "summary.md": summary,
     }
     files.update({name: render(rows, cfg) for name, render in plots.items()})
@@ -371,19 +318,11 @@ def run_study(
 
 
 def config_document(study: str, params: Mapping[str, Any], command: str) -> dict[str, Any]:
-    """config.json: the study, every parameter, the command, versions and the date."""
-    from topas.results import package_version
-
-    return {
-        "study": study,
-        **params,
-        "seed_split": SEED_SPLIT,
-        "timing": TIMING,
-        "command": command,
-        "topas_version": package_version(),
-        "python": sys.version.split()[0],
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+    """config.json (:func:`topas.study.config_document`) with the simulation studies' seed
+    split and timing."""
+    return study_config_document(
+        study, {**params, "seed_split": SEED_SPLIT, "timing": TIMING}, command
+    )
 
 
 def runtime_line(rows: Sequence[Mapping[str, Any]], wall_s: float, n_jobs: int) -> str:
@@ -600,7 +539,8 @@ def is_topas(spec: str) -> bool:
     return spec.partition(":")[0].startswith("topas")
 
 
-def default_policies() -> str:
+def compared_policies() -> str:
+    """The simulation studies' default: every registered baseline and ``topas``."""
     return ",".join([*BASELINES, "topas"])
 
 

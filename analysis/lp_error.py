@@ -33,11 +33,12 @@ import experiments as ex  # noqa: E402
 
 from topas.instance import Task  # noqa: E402
 from topas.search import SCENARIOS, role_of, scenario_levels  # noqa: E402
+from topas.study import md_table, write_outputs  # noqa: E402
+from topas.timing import predictor  # noqa: E402
+from topas.workloads import generate  # noqa: E402
 
 COMONOTONE = (0.1, 0.3, 0.5, 0.7, 0.9)
 """The quantiles of the first version's scenarios (comonotone: every stage at the same)."""
-from topas.timing import predicted_service_s  # noqa: E402
-from topas.workloads import generate  # noqa: E402
 
 
 def longest_paths(task: Task, services: np.ndarray) -> np.ndarray:
@@ -59,7 +60,7 @@ def task_errors(
     """``(stratified, comonotone)``: each approximation / Monte Carlo - 1 for one task."""
     base = np.array(
         [
-            predicted_service_s(server, "calibrated", s.input_tokens, s.output_tokens)
+            predictor(server, "calibrated").service_s(s.input_tokens, s.output_tokens)
             for s in task.stages
         ]
     )
@@ -106,7 +107,7 @@ def main(argv: Sequence[str]) -> int:
             rows.append(row)
     command = shlex.join(["python", "analysis/lp_error.py", *argv])
     stats = ["mean abs %", "p90 abs %", "max abs %", "mean signed %"]
-    table = ex.md_table(
+    table = md_table(
         ["workload", "sigma", *(f"stratified: {x}" for x in stats),
          *(f"comonotone: {x}" for x in stats)],
         rows,
@@ -122,7 +123,7 @@ def main(argv: Sequence[str]) -> int:
         f"{', '.join(f'{q:g}' for q in COMONOTONE)}, one ratio per (agent, role). "
         "Negative: the approximation is lower.\n\n" + table + "\n"
     )
-    ex.write_outputs(out, {"summary.md": text})
+    write_outputs(out, {"summary.md": text})
     print(text, end="")
     return 0
 

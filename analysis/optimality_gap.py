@@ -26,12 +26,12 @@ from topas.gap import (
     REPORT_STUDY_SEED,
     TUNING_STUDY_SEEDS,
     GapConfig,
-    default_policies,
     is_tuning_seed,
     run_gap_study,
 )
 from topas.oracle.problem import BACKENDS
 from topas.policies import split_specs
+from topas.study import default_policies
 
 
 def build_parser() -> argparse.ArgumentParser:

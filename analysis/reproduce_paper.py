@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
+from topas.study import md_table
 from topas.workloads import generate  # noqa: E402
 
 PROFILE = "qwen2.5-32b/a100-80gb"
@@ -286,7 +287,7 @@ def side_by_side(cuts: Mapping[str, Mapping[float, Mapping[str, Mapping[str, Any
             ]
         row.append("" if paper is None else paper[2])
         body.append(row)
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 def workload_table(by_load: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> str:
@@ -300,7 +301,7 @@ def workload_table(by_load: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> 
             c = by_metric[m]
             row += [c["other"], ex.fmt_s(c["other_value"]), ex.fmt_s(c["value"]), fmt_cut(c)]
         body.append(row)
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 def tally(cuts: Mapping[str, Mapping[float, Mapping[str, Mapping[str, Any]]]]) -> str:
@@ -325,7 +326,7 @@ def ablation_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) ->
             [f"{load:g}"]
             + [fmt_cut(cut_point(point, cfg, m, cfg["topas_base"])) for m, _ in METRICS]
         )
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 def map_cuts(
@@ -357,7 +358,7 @@ def map_table(grids: Mapping[str, Mapping[tuple[float, float], Mapping[str, Any]
                 [movement, f"{ratio:g}"]
                 + [f"{ex.fmt_change(c['cut'], c['half'])} vs {c['other']}" for c in cells]
             )
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 def summarize(
@@ -421,7 +422,7 @@ def means_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], metri
             point = ex.select(rows, workload=w, load=load)
             cells = [ex.mean_of(ex.select(point, policy=p), metric) for p in policies]
             body.append([w, f"{load:g}", *("" if math.isnan(v) else ex.fmt_s(v) for v in cells)])
-    return ex.md_table(header, body)
+    return md_table(header, body)
 
 
 # --------------------------------------------------------------------------- plots

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from topas.study import md_table, rows_to_csv, write_outputs
 from topas.workloads import WORKLOADS, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -76,7 +77,7 @@ def summary(rows: Sequence[dict], command: str) -> str:
         body.append(cells)
     header = ["workload", "mean JCT s (change)", "p99 JCT s (change)", "prompt hit rate",
               "reordered plans", "held", "ms per plan"]  # fmt: skip
-    return f"`{command}`\n\n" + ex.md_table(header, body) + "\n"
+    return f"`{command}`\n\n" + md_table(header, body) + "\n"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -103,7 +104,7 @@ def main(argv: Sequence[str]) -> int:
     rows = [run_one(w, tasks, load, kv_scale, s, m) for w, s, m in tqdm(jobs, desc="replays")]
     command = "python analysis/sglang_in_the_loop.py " + shlex.join(argv)
     text = summary(rows, command.strip())
-    ex.write_outputs(out, {"summary.md": text, "runs.csv": ex.rows_to_csv(rows)})
+    write_outputs(out, {"summary.md": text, "runs.csv": rows_to_csv(rows)})
     print(text)
     return 0
 

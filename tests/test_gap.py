@@ -20,7 +20,6 @@ from topas.gap import (
     GapConfig,
     GapModelError,
     best_schedule,
-    default_policies,
     instance_seed,
     is_proven,
     policy_gap,
@@ -31,6 +30,7 @@ from topas.gap import (
 from topas.oracle import solve
 from topas.oracle.problem import OracleResult
 from topas.policies import BASELINES, split_specs
+from topas.study import default_policies
 from topas.workloads import small_instance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,9 +115,10 @@ def test_gap_study_writes_all_files(tmp_path: Path) -> None:
     ],
 )
 def test_bad_config_fails_before_solving(tmp_path: Path, change: dict, words: str) -> None:
-    config = replace(GapConfig(families=("chain",), backend="cbc"), **change)
+    # a frozen config validates itself when it is built: nothing can run on a bad one
     out = tmp_path / "gap"
     with pytest.raises(ValueError, match=words) as err:
+        config = replace(GapConfig(families=("chain",), backend="cbc"), **change)
         run_gap_study(config, out, progress=False)
     assert "\n" not in str(err.value)
     assert not out.exists()

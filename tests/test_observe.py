@@ -30,7 +30,16 @@ def _observe(inst, state):
     for (tid, sid), phase in state.phase.items():
         if phase == Phase.DONE:
             finished.setdefault(tid, []).append(sid)
-    return observed_state(inst.server, prefix, reqs, resident, state.time, state.kv_need, finished)
+    return observed_state(
+        inst.server,
+        prefix,
+        reqs,
+        resident,
+        state.time,
+        state.kv_need,
+        finished,
+        kv_estimate=state.kv_estimate,
+    )
 
 
 def _request(inst, state, ref, queued_at, running, generated=None, reserved=None):

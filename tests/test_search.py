@@ -12,7 +12,7 @@ from conftest import jcts_across_processes, make, random_instances, stage, task
 from hypothesis import given, settings
 from test_policies import make_resident, ready, released
 
-from topas.policies import make_policy
+from topas.policies import PolicyContext, make_policy
 from topas.schedule import evaluate
 from topas.search import (
     SCENARIOS,
@@ -24,7 +24,7 @@ from topas.search import (
     scenario_levels,
 )
 from topas.simulator import simulate
-from topas.state import Decision, Phase, apply_inplace
+from topas.state import Decision, Phase, TaskInfo, apply_inplace, task_arrives
 from topas.verify import verify_step
 
 SLOW_LINK = {"kind": "host", "tokens_per_s": 10.0}  # a 4000-token prompt: 400 s to move
@@ -241,7 +241,7 @@ class Twin(TOPAS):
         for ref in state.waiting:  # what each waiting stage opens, as its task's analysis says
             opens = view.opens_table[view.stage_opens[view.stages.of[ref]]]
             assert opens == self._an[ref[0]].opens.get(ref[1], ())
-        assert view.need == {r: state.need(r) for r in state.waiting}
+        assert view.need == {r: state.estimated_need(r) for r in state.waiting}
         tasks_of: dict[str, set[str]] = {}
         for ref in state.waiting:
             tasks_of.setdefault(state.agent_of(ref), set()).add(ref[0])
@@ -500,3 +500,27 @@ def test_greedy_search_repeats_across_processes(tmp_path):
     inst = generate("mixed", num_tasks=60, seed=1001, load=1.2)
     docs = jcts_across_processes(tmp_path, inst, "topas:search=greedy", ("1", "2", "3", "4"))
     assert all(d == docs[0] for d in docs)
+
+
+def test_step_mode_packs_by_predicted_lengths_not_the_truth():
+    # Rule 11: in the step model the engine commits input + the TRUE output (rule 3), but a
+    # policy may only know the predicted one. A stage of 20 input tokens told 5 output
+    # tokens (truly 50): TOPAS's queue must hold 25, not 70 (it used to read 70), and the
+    # engine's own answer stays the truth
+    from topas.simulator import StepEngine
+
+    inst = make(
+        {"a": 10},
+        [task("t", 0, stage("x", "a", 20, 50, pred=5)), task("u", 0, stage("y", "a", 20, 50))],
+        capacity=400,
+    )
+    engine = StepEngine(inst, make_policy("topas"), debug=False, predicted=None, progress=None)
+    st = engine.state
+    for t in inst.tasks:
+        task_arrives(st, TaskInfo.of(t, 0.0))
+    assert st.need(("t", "x")) == 70 and st.estimated_need(("t", "x")) == 25
+    assert st.estimated_need(("u", "y")) == 70  # told the truth: the same
+    policy = make_policy("topas")
+    policy.reset(PolicyContext(server=inst.server, timing="step"))
+    policy.decide(st)
+    assert policy._view.need == {("t", "x"): 25, ("u", "y"): 70}

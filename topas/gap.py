@@ -32,28 +32,34 @@ This module never imports :mod:`topas.cli` or ``analysis``.
 
 from __future__ import annotations
 
-import csv
 import io
-import json
 import math
 import shlex
-import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from topas.errors import InputError
-from topas.instance import Instance, write_atomic
+from topas.instance import Instance
 from topas.oracle.problem import OracleResult
-from topas.policies import BASELINES, available, make_policy
+from topas.policies import BASELINES, make_policy
 from topas.schedule import Schedule, evaluate
 from topas.simulator import simulate
+from topas.study import (
+    EXCLUDED_POLICIES,
+    StudyConfig,
+    config_json,
+    default_policies,
+    md_table,
+    rows_to_csv,
+    run_jobs,
+    write_outputs,
+)
 
 DEFAULT_FAMILIES = ("chain", "fanout", "mixed", "metagpt-sop", "metagpt-tl")
-EXCLUDED_POLICIES = ("replay",)
 """Registered policies left out of the default set: ``replay`` replays one recorded
 schedule and cannot run on generated instances."""
 
@@ -118,7 +124,7 @@ class GapModelError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class GapConfig:
+class GapConfig(StudyConfig):
     """What a gap study runs.
 
     ``policies=None`` means every registered policy except ``replay``. ``threads`` is the
@@ -137,16 +143,14 @@ class GapConfig:
     threads: int = 1
     profile: str | None = None  # server profile of the instances (None: each family's)
 
+    def validate(self) -> None:
+        validate_config(self)
+
     def resolved_policies(self) -> tuple[str, ...]:
         """The policy specs the study runs, in order."""
         if self.policies is None:
             return default_policies()
         return tuple(self.policies)
-
-
-def default_policies() -> tuple[str, ...]:
-    """Every registered policy (and entry point) except :data:`EXCLUDED_POLICIES`."""
-    return tuple(p for p in available() if p not in EXCLUDED_POLICIES)
 
 
 def instance_seed(seed: int, num_tasks: int, index: int) -> int:
@@ -372,62 +376,41 @@ def run_gap_study(
     ``topas gap`` command). Bad configuration raises ValueError before any solving; a
     policy beating a proven optimum or a lower bound raises :class:`GapModelError`.
     """
-    specs = validate_config(config)
+    specs = config.resolved_policies()  # validated when the config was built
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"out_dir: {out} exists and is not a folder")
     cmd = command or gap_command(config, out)
+    args = (config.seed, tuple(specs), config.backend, config.time_limit, config.threads)
     jobs = [
-        (family, n, i)
+        (family, n, i, *args, config.profile)
         for family in config.families
         for n in config.task_counts
         for i in range(config.instances)
     ]
-    rows = _run_jobs(config, specs, jobs, progress)
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(
-        out / "config.json", json.dumps(config_document(config, specs, cmd), indent=1) + "\n"
+    per_instance = run_jobs(
+        _study_job,
+        jobs,
+        config.jobs,
+        progress,
+        desc="gap study",
+        unit="instance",
     )
-    write_atomic(out / "runs.csv", rows_to_csv(rows))
+    rows = [row for instance_rows in per_instance for row in instance_rows]
     summary = summarize(rows, config, specs, cmd)
-    write_atomic(out / "summary.md", summary)
-    plot_gaps(rows, specs, out / "gap.png")
+    files: dict[str, str | bytes] = {
+        "config.json": config_json("optimality gap", gap_params(config, specs), cmd),
+        "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
+        "summary.md": summary,
+        "gap.png": plot_gaps(rows, specs),
+    }
+    write_outputs(out, files)
     return summary
 
 
-def _run_jobs(
-    config: GapConfig,
-    specs: Sequence[str],
-    jobs: list[tuple[str, int, int]],
-    progress: bool,
-) -> list[dict[str, Any]]:
-    from joblib import Parallel, delayed
-
-    tasks = (
-        delayed(study_instance)(
-            family,
-            n,
-            i,
-            config.seed,
-            specs,
-            config.backend,
-            config.time_limit,
-            config.threads,
-            config.profile,
-        )
-        for family, n, i in jobs
-    )
-    results: Iterable[list[dict[str, Any]]] = Parallel(n_jobs=config.jobs, return_as="generator")(
-        tasks
-    )
-    if progress:
-        from tqdm import tqdm
-
-        results = tqdm(results, total=len(jobs), desc="gap study", unit="instance", file=sys.stderr)
-    rows: list[dict[str, Any]] = []
-    for r in results:
-        rows.extend(r)
-    return rows
+def _study_job(job: tuple) -> list[dict[str, Any]]:
+    """:func:`study_instance` of one job tuple (a module-level function, for the workers)."""
+    return study_instance(*job)
 
 
 def gap_command(config: GapConfig, out: Path) -> str:
@@ -461,12 +444,10 @@ def gap_command(config: GapConfig, out: Path) -> str:
     return line
 
 
-def config_document(config: GapConfig, specs: Sequence[str], command: str) -> dict[str, Any]:
-    from topas.results import package_version
-
+def gap_params(config: GapConfig, specs: Sequence[str]) -> dict[str, Any]:
+    """What config.json records beside the study framework's own keys."""
     return {
-        "study": "optimality gap",
-        "config": asdict(config),
+        "config": config.to_json(),
         "policies": list(specs),
         "instance_seed": "seed * 1000000 + tasks * 1000 + index (index 0-based)",
         "seed_split": {
@@ -479,38 +460,10 @@ def config_document(config: GapConfig, specs: Sequence[str], command: str) -> di
         "oracle": "topas.oracle.solve; warm start: best baseline/policy step schedule",
         "proven": "the oracle reports status optimal",
         "clairvoyance": CLAIRVOYANCE,
-        "command": command,
-        "version": package_version(),
-        "python": sys.version.split()[0],
     }
 
 
-def _cell(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return f"{v:.4f}".rstrip("0").rstrip(".") if math.isfinite(v) else ""
-    return v
-
-
-def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(RUN_COLUMNS)
-    for r in rows:
-        w.writerow([_cell(r[c]) for c in RUN_COLUMNS])
-    return buf.getvalue()
-
-
 # --------------------------------------------------------------------------- summary
-
-
-def _md_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
-    return "\n".join(lines)
 
 
 def _f(x: float, digits: int = 1) -> str:
@@ -560,7 +513,7 @@ def _proven_share_table(insts: Sequence[dict[str, Any]], key: str, label: str) -
             ]
         )
     header = [label, "instances", "stages", "proven", "share proven", "median s", "max s"]
-    return _md_table(header, body)
+    return md_table(header, body)
 
 
 def _policy_table(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> str:
@@ -594,7 +547,7 @@ def _policy_table(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> str:
         "at optimum",
         "unproven: mean gap % interval",
     ]
-    return _md_table(header, body)
+    return md_table(header, body)
 
 
 def _family_table(
@@ -620,7 +573,7 @@ def _family_table(
         "mean (steps)",
         "max (steps)",
     ]
-    return _md_table(header, body)
+    return md_table(header, body)
 
 
 def _unproven_table(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> str:
@@ -653,7 +606,7 @@ def _unproven_table(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> str
         )
     header = ["family", "tasks", "stages", "seed", "status", "LB", "UB", "oracle s"]
     header += [f"`{s}` steps / %" for s in specs]
-    return _md_table(header, body)
+    return md_table(header, body)
 
 
 def summarize(
@@ -710,9 +663,9 @@ def summarize(
     return "\n".join(parts)
 
 
-def plot_gaps(rows: Sequence[dict[str, Any]], specs: Sequence[str], path: Path) -> None:
+def plot_gaps(rows: Sequence[dict[str, Any]], specs: Sequence[str]) -> bytes:
     """Box plot of the gap (%) per policy over proven instances, with the points; unproven
-    instances as vertical bars from the low to the high end of their interval."""
+    instances as vertical bars from the low to the high end of their interval (PNG)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(max(5.0, 1.2 * len(specs) + 2), 4.2), layout="constrained")
@@ -753,4 +706,6 @@ def plot_gaps(rows: Sequence[dict[str, Any]], specs: Sequence[str], path: Path) 
     ax.axhline(0, color="grey", lw=0.8)
     if labelled:
         ax.legend(loc="upper left", fontsize="small")
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    return buf.getvalue()

@@ -5,7 +5,8 @@ decision bench share (DESIGN.md, "Step model" rule 3 and the calibrated model):
 
 - :func:`step_need`: in the step model a stage holds its input plus its output tokens
   from admission to end (rule 3): what the step engine commits, the verifier checks and
-  the oracle charges;
+  the oracle charges; :func:`step_estimate` is what a policy may know of it (the predicted
+  output, rule 11);
 - :func:`reservation`: SGLang's ``PrefillAdder`` reservation for a stage that ignores EOS
   (input plus the rest of its predicted output, at least the next token), clipped to fit
   beside its prompt: what the calibrated engine and the live plugin commit at admission;
@@ -41,6 +42,13 @@ class _Predicted(Protocol):
 def step_need(input_tokens: int, output_tokens: int) -> int:
     """Rule 3: the KV a stage holds in the step model, input plus output tokens."""
     return input_tokens + output_tokens
+
+
+def step_estimate(input_tokens: int, predicted_output: int, room: int) -> int:
+    """What a policy may know of :func:`step_need` (rule 11): the predicted output in place
+    of the true one, clipped to ``room``, the KV beside the prompt (at least 1): the truth
+    always fits there (validation), so no stage looks too big ever to fit."""
+    return min(input_tokens + predicted_output, max(1, room))
 
 
 def reservation(input_tokens: int, predicted_output: int, generated: int, room: int) -> int:

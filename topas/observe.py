@@ -60,17 +60,21 @@ def observed_state(
     kv_need: KvNeed,
     finished: Mapping[str, Iterable[str]] | None = None,
     stamps: Iterator[int] | None = None,
+    kv_estimate: KvNeed | None = None,
 ) -> State:
     """The scheduler's view of an engine: ``requests`` queued or running, the agents in
     ``resident`` with their prompts cached, at time ``now``; ``finished`` maps a task to
     the stages whose requests the engine has seen complete. A caller that observes the
     same engine round after round passes one ``stamps`` counter to every call, so that a
-    task's epoch never repeats between rounds (policies cache per-task results by it)."""
+    task's epoch never repeats between rounds (policies cache per-task results by it).
+    ``kv_estimate``: where ``kv_need`` reads true lengths, the same rule with predicted
+    ones (``State.estimated_need``); a live engine's reservation needs none."""
     state = State(
         time=now,
         capacity=server.kv_capacity_tokens,
         max_running=server.max_running,
         kv_need=kv_need,
+        kv_estimate=kv_estimate,
         prefixes={a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()},
     )
     if stamps is not None:

@@ -19,7 +19,7 @@ the per-decision change budget ``K`` last) and scored, in seconds::
     g_i(t)   = 1 + rho * log(1 + (t - tau_i) / H_age)
 
 ``c(a)`` is the time to bring prefix ``a`` back: ``mu * l_a / B_swap`` with host swaps,
-its prefill with recompute (``timing.predicted_load_s``); a prefetch (no task waits for
+its prefill with recompute (``PolicyContext.predict.load_s``); a prefetch (no task waits for
 it) costs nothing but where a load is a prefill that shares the GPU (the calibrated
 model with recompute). ``Delta(r)`` is the stage's share of the cut in its task's
 expected longest remaining path ``L_i`` when the task's waiting stages start now rather
@@ -78,11 +78,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topas.errors import InputError
-from topas.instance import HostLoad, StageRef, longest_tails
+from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.search_view import QueueView, Ranking
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
-from topas.timing import predicted_service_s
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
 
@@ -440,11 +439,10 @@ class TOPAS(Policy):
         self._credit: dict[StageRef, float] = {}
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
-        self._per_token = predicted_service_s(ctx.server, ctx.timing, 0, 1)
+        self._per_token = ctx.predict.service_s(0, 1)
         # a prefetch delays no waiting task; it costs time only where a load is a prefill
         # that shares the GPU with the batch (the calibrated model with recompute)
-        recompute = not isinstance(ctx.server.prefix_load, HostLoad)
-        self._prefetch_charge = int(ctx.timing != "step" and recompute)
+        self._prefetch_charge = int(ctx.predict.loads_share_compute)
 
     # ------------------------------------------------------------------ estimates
 
@@ -524,7 +522,7 @@ class TOPAS(Policy):
                 }
             an = self._an.get(ref[0])
             opens = an.opens.get(ref[1], ()) if an is not None else ()
-            view.add_stage(ref, state.agent_of(ref), state.need(ref), ids[ref[1]], opens)
+            view.add_stage(ref, state.agent_of(ref), state.estimated_need(ref), ids[ref[1]], opens)
         dirty = dict.fromkeys(sorted({*changed, *new}))
         self.model.learn(state, self._pred.service_of)
         if self.model.version != self._version:
@@ -920,14 +918,18 @@ class TOPAS(Policy):
         for a in plan.evictable(sorted(rnd.status)):
             if a not in keep:
                 plan.do_evict(a)
-        for ref in best.admitted:
-            if not plan.try_admit(ref, ()):
-                raise AssertionError(f"TOPAS packed {ref} but it does not fit")  # pragma: no cover
-        for a in best.agents:
-            if plan.status(a) is PrefixStatus.ABSENT:
-                plan.do_load(a)  # kept for the reuse it promises
-        for ref, c in best.credit.items():
-            self._credit[ref] = c
+        for ref in best.admitted:  # packed by predicted lengths: the engine has the last word
+            if plan.try_admit(ref, ()):
+                self._credit[ref] = best.credit[ref]
+        if best.admitted and not plan.admit and not state.running:
+            # every packed stage is truly longer than told and none fits: never idle the
+            # server, the first one goes in with unused prompts evicted (it fits alone)
+            ref = best.admitted[0]
+            if plan.try_admit(ref, plan.evictable(sorted(rnd.status))):
+                self._credit[ref] = best.credit[ref]
+        for a in best.agents:  # kept for the reuse it promises (unless just evicted above)
+            if plan.status(a) is PrefixStatus.ABSENT and a not in plan.evict:
+                plan.do_load(a)
         self._kept = tuple(sorted(keep))
         view = self._view
         assert view is not None

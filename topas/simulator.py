@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from topas.errors import InputError
 from topas.instance import HostLoad, Instance, StageRef
-from topas.kv import overrun_need, reservation, step_need, step_peak_kv
+from topas.kv import overrun_need, reservation, step_estimate, step_need, step_peak_kv
 from topas.policies.base import Policy, PolicyContext
 from topas.schedule import PrefixInterval, Schedule, StageRun
 from topas.state import (
@@ -72,14 +72,14 @@ def simulate(
     unchanged. ``debug`` re-checks every invariant in full after every event.
     ``progress(n)`` is called as stages finish.
     """
-    if timing not in ("step", "calibrated"):
-        raise InputError(f"timing must be 'step' or 'calibrated', got {timing!r}")
+    engine_cls = ENGINES.get(timing)
+    if engine_cls is None:
+        raise InputError(f"timing must be one of {', '.join(ENGINES)}, got {timing!r}")
     if prediction_error:
         if predicted is not None:
             raise InputError("give predicted or prediction_error, not both")
         predicted = perturbed_predictions(instance, prediction_error, seed)
     policy.reset(PolicyContext(server=instance.server, timing=timing, seed=seed))
-    engine_cls = StepEngine if timing == "step" else CalibratedEngine
     engine = engine_cls(instance, policy, debug=debug, predicted=predicted, progress=progress)
     return engine.run()
 
@@ -127,7 +127,7 @@ class _Engine:
         self.predicted_by_task: dict[str, dict[str, int]] = {}
         for (tid, sid), n in (predicted or {}).items():
             self.predicted_by_task.setdefault(tid, {})[sid] = n
-        self.state = State.initial(instance, self.kv_need)
+        self.state = State.initial(instance, self.kv_need, self.kv_estimate)
         self.schedule = Schedule(instance=instance, timing=self.timing)
         self.admitted_at: dict[StageRef, tuple[float, bool]] = {}  # admit time, prefix hit
         self.started_at: dict[StageRef, float] = {}
@@ -140,6 +140,8 @@ class _Engine:
     # engine-specific
     def kv_need(self, ref: StageRef, generated: int) -> int:
         raise NotImplementedError
+
+    kv_estimate: Callable[[StageRef, int], int] | None = None  # kv_need from predictions
 
     def release_key(self, i: int) -> tuple[float, int]:
         return (self.inst.tasks[i].arrival, i)
@@ -291,6 +293,12 @@ class StepEngine(_Engine):
         # Rule 3: a stage holds input + output tokens (the truth: feasibility is the engine's).
         s = self.inst.stage(ref)
         return step_need(s.input_tokens, s.output_tokens)
+
+    def kv_estimate(self, ref: StageRef, generated: int) -> int:  # type: ignore[override]
+        # rule 3 with the predicted output: what a policy may know (State.estimated_need)
+        info = self.state.stage(ref)
+        room = self.state.capacity - self.state.prefixes[info.agent].tokens
+        return step_estimate(info.input_tokens, info.predicted_output, room)
 
     def release_key(self, i: int) -> tuple[float, int]:
         return (self.st_timing.release(self.inst.tasks[i].arrival), i)
@@ -748,3 +756,7 @@ class CalibratedEngine(_Engine):
         )
         assert held == self.kv_actual, (held, self.kv_actual)
         assert self.kv_actual <= self.state.capacity
+
+
+ENGINES: dict[str, type[_Engine]] = {"step": StepEngine, "calibrated": CalibratedEngine}
+"""The engine of each timing mode (``topas.timing.TIMING_MODES``)."""

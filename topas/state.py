@@ -138,7 +138,7 @@ class State:
     time: float
     capacity: int  # KV budget in tokens
     max_running: int | None
-    kv_need: KvNeed = field(repr=False)
+    kv_need: KvNeed = field(repr=False)  # the engine's commit: feasibility (may use the truth)
     tasks: dict[str, TaskInfo] = field(default_factory=dict)  # released, unfinished
     phase: dict[StageRef, Phase] = field(default_factory=dict)  # stages of released tasks
     waiting: dict[StageRef, float] = field(default_factory=dict)  # ready time; dict order =
@@ -159,17 +159,24 @@ class State:
     stamps: Iterator[int] = field(
         default_factory=lambda: itertools.count(1), repr=False, compare=False
     )  # the source of both kinds of stamp; shared by copies, so stamps never collide
+    kv_estimate: KvNeed | None = field(default=None, repr=False)  # the commit from predicted
+    # lengths, for a policy's own arithmetic; None: kv_need uses no truth (calibrated)
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def initial(cls, instance: Instance, kv_need: KvNeed) -> State:
-        """The empty state at time 0: nothing released, nothing resident."""
+    def initial(
+        cls, instance: Instance, kv_need: KvNeed, kv_estimate: KvNeed | None = None
+    ) -> State:
+        """The empty state at time 0: nothing released, nothing resident. ``kv_need`` is
+        the engine's commit (feasibility); ``kv_estimate``, when the commit reads true
+        output lengths, the same rule with predicted ones (:meth:`estimated_need`)."""
         return cls(
             time=0.0,
             capacity=instance.server.kv_capacity_tokens,
             max_running=instance.server.max_running,
             kv_need=kv_need,
+            kv_estimate=kv_estimate,
             prefixes={a.id: PrefixInfo(tokens=a.prefix_tokens) for a in instance.agents},
         )
 
@@ -208,8 +215,17 @@ class State:
         return self.tasks[ref[0]].stages[ref[1]].agent
 
     def need(self, ref: StageRef) -> int:
-        """KV tokens the stage would commit if admitted now (its prefix not included)."""
+        """KV tokens the stage would commit if admitted now (its prefix not included): the
+        engine's answer, behind ``fits``, the Planner and ``apply``. In the step model it
+        is ``input + output`` with the *true* output (rule 3), so a policy's own KV
+        arithmetic uses :meth:`estimated_need` instead (rule 11)."""
         return self.kv_need(ref, self.generated.get(ref, 0))
+
+    def estimated_need(self, ref: StageRef) -> int:
+        """What a policy may know of :meth:`need`: the same rule with the predicted output
+        length (equal to it where the engine's commit uses predictions only)."""
+        rule = self.kv_estimate or self.kv_need
+        return rule(ref, self.generated.get(ref, 0))
 
     def admit_cost(self, ref: StageRef) -> int:
         """KV the admission adds now: the stage's need plus its prefix if absent."""

@@ -10,8 +10,8 @@ tokens, D decode sequences, K KV tokens read). :data:`DEFAULT_LINEAR` holds the
 defaults for Llama-3-8B on one H100, fitted by ``analysis/fit_timing.py``;
 ``docs/calibration.md`` gives the sources.
 
-Policies may use :func:`predicted_service_s` to estimate stage durations; it reads
-only what a policy is allowed to see.
+Policies estimate durations through a :class:`Predictor` (their context's ``predict``),
+which reads only what a policy is allowed to see.
 
 This module imports only :mod:`topas.instance`.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from topas.instance import (
     HostLoad,
@@ -46,7 +47,7 @@ H100's 3.35 TB/s. Sources, residuals and the A100 cross-check: docs/calibration.
 """
 
 REFERENCE_DECODE_BATCH = 32
-"""Decode batch size assumed by :func:`predicted_service_s` in the calibrated model."""
+"""Decode batch size assumed by :class:`CalibratedPredictor`."""
 
 TIMING_MODES = ("step", "calibrated")
 
@@ -157,29 +158,79 @@ def host_transfer_s(prefix_tokens: int, load: HostLoad) -> float:
 # --------------------------------------------------------------------------- predictions
 
 
-def predicted_service_s(
-    server: ServerSpec, timing: str, input_tokens: int, predicted_output: int
-) -> float:
-    """A policy's estimate of a stage's service time in seconds (no prefix load).
+class Predictor(Protocol):
+    """What a policy may know of time, injected through its context
+    (``PolicyContext.predict``) instead of branching on the timing mode's name: the
+    predicted service of a stage, the time to make a prefix resident, and whether such a
+    load takes compute from the batch. Each timing mode has one (:data:`PREDICTORS`)."""
 
-    Step model: ``d_v`` steps times ``step_s``. Calibrated model: its prefill at the
-    prefill rate plus its decode iterations at a reference batch of
-    :data:`REFERENCE_DECODE_BATCH` sequences (one iteration per output token).
-    """
-    if timing == "step":
-        return stage_steps(input_tokens, predicted_output, server.chunk_tokens) * step_seconds(
-            server
-        )
-    cost = linear_cost(server)
-    per_iter = iteration_s(cost, 0, REFERENCE_DECODE_BATCH, 0.0)
-    return input_tokens * cost.prefill_token_s + predicted_output * per_iter
+    loads_share_compute: bool  # a prefix load is a prefill beside the batch's own
+    discrete: bool  # time advances in whole steps of known length (the step model)
+
+    def service_s(self, input_tokens: int, predicted_output: int) -> float:
+        """A stage's service in seconds from what a policy sees (no prefix load)."""
+        ...
+
+    def load_s(self, prefix_tokens: int) -> float:
+        """Seconds to make a prefix of ``prefix_tokens`` resident."""
+        ...
 
 
-def predicted_load_s(server: ServerSpec, timing: str, prefix_tokens: int) -> float:
-    """A policy's estimate of the time to make a prefix resident."""
-    if timing == "step":
-        step_s = step_seconds(server)
-        return prefix_load_steps(prefix_tokens, server, step_s) * step_s
-    if isinstance(server.prefix_load, HostLoad):
-        return host_transfer_s(prefix_tokens, server.prefix_load)
-    return prefix_tokens * linear_cost(server).prefill_token_s
+@dataclass(frozen=True)
+class StepPredictor:
+    """The step model: ``d_v`` steps of ``step_s`` with the predicted output; ``l_a``
+    steps for a load, which overlaps the stages' own steps (rule 5)."""
+
+    server: ServerSpec
+    loads_share_compute: bool = False
+    discrete: bool = True
+
+    def service_s(self, input_tokens: int, predicted_output: int) -> float:
+        step_s = step_seconds(self.server)
+        return stage_steps(input_tokens, predicted_output, self.server.chunk_tokens) * step_s
+
+    def load_s(self, prefix_tokens: int) -> float:
+        step_s = step_seconds(self.server)
+        return prefix_load_steps(prefix_tokens, self.server, step_s) * step_s
+
+
+@dataclass(frozen=True)
+class CalibratedPredictor:
+    """The calibrated model: a stage's prefill at the prefill rate plus one decode
+    iteration per output token at a reference batch of :data:`REFERENCE_DECODE_BATCH`
+    sequences; a load is a host transfer (beside compute) or a recompute (a prefill that
+    shares the GPU with the batch)."""
+
+    server: ServerSpec
+    discrete: bool = False
+
+    @property
+    def loads_share_compute(self) -> bool:
+        return not isinstance(self.server.prefix_load, HostLoad)
+
+    def service_s(self, input_tokens: int, predicted_output: int) -> float:
+        cost = linear_cost(self.server)
+        per_iter = iteration_s(cost, 0, REFERENCE_DECODE_BATCH, 0.0)
+        return input_tokens * cost.prefill_token_s + predicted_output * per_iter
+
+    def load_s(self, prefix_tokens: int) -> float:
+        if isinstance(self.server.prefix_load, HostLoad):
+            return host_transfer_s(prefix_tokens, self.server.prefix_load)
+        return prefix_tokens * linear_cost(self.server).prefill_token_s
+
+
+PREDICTORS: dict[str, type[StepPredictor] | type[CalibratedPredictor]] = {
+    "step": StepPredictor,
+    "calibrated": CalibratedPredictor,
+}
+"""The predictor of each timing mode (:data:`TIMING_MODES`)."""
+
+
+def predictor(server: ServerSpec, timing: str) -> Predictor:
+    """The :class:`Predictor` of timing mode ``timing`` for ``server``."""
+    try:
+        return PREDICTORS[timing](server)
+    except KeyError:
+        raise ValueError(
+            f"unknown timing mode {timing!r} (valid: {', '.join(PREDICTORS)})"
+        ) from None

@@ -5,20 +5,27 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from topas.instance import ServerSpec, StageRef
 from topas.state import Decision, Planner, State
-from topas.timing import predicted_load_s, predicted_service_s
+from topas.timing import Predictor, predictor
 
 
 @dataclass(frozen=True)
 class PolicyContext:
-    """What a policy knows before the run: the server and the timing mode."""
+    """What a policy knows before the run: the server and the timing mode. A policy
+    estimates durations through :attr:`predict`, never by the mode's name."""
 
     server: ServerSpec
     timing: str  # "step" or "calibrated"
     seed: int = 0
+
+    @cached_property
+    def predict(self) -> Predictor:
+        """The timing mode's predictor (:func:`topas.timing.predictor`)."""
+        return predictor(self.server, self.timing)
 
 
 class Policy:
@@ -81,9 +88,7 @@ class Predictions:
         s = self.service_of.get(ref)
         if s is None:
             info = state.stage(ref)
-            s = predicted_service_s(
-                self.ctx.server, self.ctx.timing, info.input_tokens, info.predicted_output
-            )
+            s = self.ctx.predict.service_s(info.input_tokens, info.predicted_output)
             self.service_of[ref] = s
             self._count += 1
             self.mean_service += (s - self.mean_service) / self._count
@@ -93,7 +98,7 @@ class Predictions:
         s = self._load.get(agent)
         if s is None:
             tokens = state.prefixes[agent].tokens
-            s = self._load[agent] = predicted_load_s(self.ctx.server, self.ctx.timing, tokens)
+            s = self._load[agent] = self.ctx.predict.load_s(tokens)
         return s
 
     def keep_tasks(self, live: dict[str, object]) -> None:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions, WaitingQueue, admit_in_order
 from topas.state import Decision, Phase, PrefixStatus, State
-from topas.timing import predicted_service_s
 
 
 def fcfs_key(state: State, ref: StageRef) -> tuple[float, float, str, str]:
@@ -105,7 +104,7 @@ class _PathCache:
 
         def own(sid: str) -> float:
             s = info.stages[sid]
-            return predicted_service_s(ctx.server, ctx.timing, s.input_tokens, s.predicted_output)
+            return ctx.predict.service_s(s.input_tokens, s.predicted_output)
 
         return longest_tails(info.topo_order, lambda sid: info.stages[sid].children, own)
 
@@ -317,7 +316,7 @@ class SPF(Policy):
     """Shortest (remaining predicted) processing first, per task: task-level SRPT.
 
     A waiting stage's key is its task's remaining predicted work: the sum of
-    ``timing.predicted_service_s`` over the task's stages that are not done
+    ``PolicyContext.predict.service_s`` over the task's stages that are not done
     (blocked, waiting, admitted and running ones). An admitted or running stage that
     has decoded ``g > 0`` tokens (``RunInfo.generated``, which the calibrated engine
     keeps up to date; the step engine does not) counts only its ``predicted - g``
@@ -341,9 +340,7 @@ class SPF(Policy):
         for ref, run in state.running.items():
             if run.generated > 0:
                 s = state.stage(ref)
-                left = predicted_service_s(
-                    ctx.server, ctx.timing, 0, max(s.predicted_output - run.generated, 0)
-                )
+                left = ctx.predict.service_s(0, max(s.predicted_output - run.generated, 0))
                 tid = ref[0]
                 adjust[tid] = adjust.get(tid, 0.0) + left - self._pred.service(state, ref)
 
