@@ -876,20 +876,20 @@ def _fit_gpu_refit(spec: FitSpec, data_dir: Path) -> dict:
     git = _gpu_iteration_times()
     runs = _read_runs(spec, data_dir)
     (path0, meta0, points0), *others = runs
-    params = git._refit(points0)
+    params = git.refit(points0)
 
     def errors(coef: dict, points: list[dict]) -> dict[str, float]:
-        return residual_stats(np.array(git._errors(coef, points)))
+        return residual_stats(np.array(git.prediction_errors(coef, points)))
 
     per_run = {}
     for path, meta, points in runs:
         per_run[path.name] = {
             "gpu": meta.get("gpu"),
             "points": len(points),
-            "refit": git._refit(points),
+            "refit": git.refit(points),
             "stored_coefficients_error": errors(params, points),
         }
-    pooled = git._refit([p for _, _, pts in runs for p in pts])
+    pooled = git.refit([p for _, _, pts in runs for p in pts])
     spread = {
         key: max(abs(r["refit"][key] / params[key] - 1.0) for r in per_run.values())
         for key in params
@@ -945,7 +945,7 @@ def plot(result: dict, path: Path) -> None:
     if "points" in result:  # a refit of whole measured iterations
         git = _gpu_iteration_times()
         coef = {k: result[k] for k in ("base_s", "prefill_token_s", "decode_seq_s", "kv_token_s")}
-        git._plot(result["points"], {"stored refit": coef}, path)
+        git.plot_fit(result["points"], {"stored refit": coef}, path)
         return
 
     import matplotlib

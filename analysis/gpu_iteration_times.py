@@ -320,7 +320,7 @@ def _predict(coef, p) -> float:
     )
 
 
-def _refit(points) -> dict:
+def refit(points) -> dict:
     """Relative least squares (each point weighted by 1/measured) of the four terms."""
     import numpy as np
 
@@ -351,7 +351,7 @@ def _scaled_default(default: dict, bandwidth_gbs: float | None) -> dict:
     return dict(default, base_s=default["base_s"] * ratio, kv_token_s=default["kv_token_s"] * ratio)
 
 
-def _errors(coef, points) -> list[float]:
+def prediction_errors(coef, points) -> list[float]:
     return [_predict(coef, p) / (p["median_ms"] * 1e-3) - 1.0 for p in points]
 
 
@@ -373,9 +373,9 @@ def compare(args) -> int:
     models = {
         "default (H100)": default,
         "default, bandwidth-scaled": _scaled_default(default, meta.get("copy_bandwidth_gbs")),
-        "refit": _refit(points),
+        "refit": refit(points),
     }
-    errors = {name: _errors(coef, points) for name, coef in models.items()}
+    errors = {name: prediction_errors(coef, points) for name, coef in models.items()}
     lines = [
         f"# Measured iteration times vs the calibrated model ({meta.get('gpu')})",
         "",
@@ -423,13 +423,13 @@ def compare(args) -> int:
         )
         + "\n"
     )
-    _plot(points, models, out / "fit.png")
+    plot_fit(points, models, out / "fit.png")
     print("\n".join(lines[: len(models) + 8]))
     print(f"wrote {out}/summary.md, fit.json, fit.png")
     return 0
 
 
-def _plot(points, models, path: Path) -> None:
+def plot_fit(points, models, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -30,10 +30,10 @@ def _point(prefill, decode, kv, coef=TRUE):
 def test_refit_recovers_exact_linear_points():
     points = [_point(0, b, b * c) for b in (1, 8, 64) for c in (256, 4096)]
     points += [_point(n, 0, ctx) for n in (512, 2048) for ctx in (0, 8192)]
-    fitted = git._refit(points)
+    fitted = git.refit(points)
     for name, value in TRUE.items():
         assert fitted[name] == pytest.approx(value, rel=1e-6)
-    assert max(abs(e) for e in git._errors(fitted, points)) < 1e-9
+    assert max(abs(e) for e in git.prediction_errors(fitted, points)) < 1e-9
 
 
 def test_bandwidth_scaling_touches_only_memory_terms():

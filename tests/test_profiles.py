@@ -198,7 +198,7 @@ def test_h200_coefficients_are_the_compare_refit():
     import json
 
     points = json.loads((ROOT / "analysis/data/h200_iteration_times_a.json").read_text())["points"]
-    refit = git._refit(points)
+    refit = git.refit(points)
     cost = get_profile("llama-3-8b/h200").cost
     for key in COEFFICIENTS:
         assert getattr(cost, key) == pytest.approx(refit[key], rel=1e-9)

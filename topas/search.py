@@ -337,7 +337,7 @@ def longest_path(analysis: _Analysis, started: Iterable[StageRef], deferral: flo
 class _Pack:
     """One candidate post-decision state: what GREEDYPACK admitted and its score."""
 
-    agents: tuple[str, ...]
+    agents: frozenset[str]  # R' (sorted where order matters: the loads of _commit)
     admitted: list[StageRef]
     credit: dict[StageRef, float]
     score: float
@@ -380,9 +380,15 @@ class _Round:
     ranking: Ranking | None = None  # every waiting stage's pack order, read on demand
     heads: list[tuple[int, str]] = field(default_factory=list)  # (rank, agent) of each
     # agent's best waiting stage, best first
+    head_rank: dict[str, int] = field(default_factory=dict)  # the same, by agent
     credit: list[float] = field(default_factory=list)  # task slot -> g_i(t) * Delta
     skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
     analyses: dict[str, _Analysis] = field(default_factory=dict)
+
+    def set_heads(self, heads: list[tuple[int, str]]) -> None:
+        """Each agent's best waiting stage's rank, best first (and by agent)."""
+        self.heads = heads
+        self.head_rank = {a: r for r, a in heads}
 
     def set_current(self) -> None:
         """R_t (prefixes resident or loading) and its reuse, from ``status``."""
@@ -634,7 +640,7 @@ class TOPAS(Policy):
         rnd.analyses = self._an
         rnd.queues = {agent: [] for agent in sorted(rnd.ranking.spans)}  # read by _more
         rnd.opened = rnd.ranking.opened(CHUNK)
-        rnd.heads = rnd.ranking.heads()
+        rnd.set_heads(rnd.ranking.heads())
         rnd.set_current()
         for ref, run in sorted(state.running.items()):
             agent = state.agent_of(ref)
@@ -668,7 +674,7 @@ class TOPAS(Policy):
     # ------------------------------------------------------------------ GREEDYPACK
 
     def _pack(
-        self, state: State, rnd: _Round, agents: tuple[str, ...], revoke: bool = False
+        self, state: State, rnd: _Round, agents: Iterable[str], revoke: bool = False
     ) -> _Pack | None:
         """GREEDYPACK(R'): admit waiting stages of ``agents`` best first while they fit;
         score the post-decision state. With ``revoke`` the running stages of dropped
@@ -680,7 +686,7 @@ class TOPAS(Policy):
         when they finish. Stages that fit now are admitted; those that fit only in the
         drained memory are credited at ``drain_credit`` (they start once the drain ends,
         ``T`` seconds from now: ``max(0, 1 - T / D)``) and admitted by a later decision."""
-        keep = set(agents)
+        keep = agents if isinstance(agents, frozenset) else frozenset(agents)
         if rnd.pinned is not None and rnd.pinned not in keep:
             return None
         free = rnd.free
@@ -712,8 +718,10 @@ class TOPAS(Policy):
         if free < min(0, rnd.free):  # loads that do not fit (the engine's own accounting
             return None  # may run over while stages decode past their predictions)
         later = self._later(drain_s) if drained else 0.0
-        position = dict.fromkeys(agents, 0)
-        queue = [h for h in rnd.heads if h[1] in keep]  # sorted: a heap already
+        position = dict.fromkeys(keep, 0)
+        head = rnd.head_rank
+        queue = [(head[a], a) for a in keep if a in head]  # ranks are unique: pops are
+        heapq.heapify(queue)  # the same whatever order the set iterates in
         admitted: list[StageRef] = []
         credit: dict[StageRef, float] = {}
         moved: dict[str, set[str]] = {}
@@ -752,10 +760,10 @@ class TOPAS(Policy):
                 j_admit += later * value
                 drained -= need
                 late += 1
-        for a in keep - rnd.current:  # l_in: the tasks that wait for it (a prefetch: none)
+        for a in sorted(keep - rnd.current):  # l_in: the tasks that wait for it (prefetch: none)
             j_move += rnd.cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
-        return _Pack(agents, admitted, credit, score, len(keep ^ rnd.current), tuple(retract))
+        return _Pack(keep, admitted, credit, score, len(keep ^ rnd.current), tuple(retract))
 
     def _later(self, drain_s: float) -> float:
         """The credit of a stage that fits only once the drain ends, ``drain_s`` from now."""
@@ -783,10 +791,10 @@ class TOPAS(Policy):
 
     def _search(self, state: State, rnd: _Round) -> _Pack:
         active, current = self._candidates_agents(state, rnd)
-        scored: dict[tuple[str, ...], _Pack | None] = {}
+        scored: dict[frozenset[str], _Pack | None] = {}
 
         def score(agents: Iterable[str]) -> _Pack | None:
-            key = tuple(sorted(set(agents)))
+            key = agents if isinstance(agents, frozenset) else frozenset(agents)
             if key not in scored:
                 best = self._pack(state, rnd, key)
                 if (
@@ -888,8 +896,8 @@ class TOPAS(Policy):
                         took = p
             if took is None:
                 break
-            changed = cur ^ set(took.agents)
-            best, cur = took, frozenset(took.agents)
+            changed = cur ^ took.agents
+            best, cur = took, took.agents
             step += 1
             for a in sorted(changed):  # the reverse move is new; measured when it surfaces
                 kind = "drop" if a in cur else "add"
@@ -912,7 +920,7 @@ class TOPAS(Policy):
         """The decision for ``best`` on top of ``plan`` (which may already admit a starving
         stage of agent ``pinned``): unused prefixes outside ``R'`` evicted, the pack
         admitted, absent prefixes of ``R'`` loaded, the other agents' stages held."""
-        keep = set(best.agents) | ({pinned} if pinned else set())
+        keep = best.agents | ({pinned} if pinned else set())
         for ref in best.retract:
             plan.do_preempt(ref)
         for a in plan.evictable(sorted(rnd.status)):
@@ -927,7 +935,7 @@ class TOPAS(Policy):
             ref = best.admitted[0]
             if plan.try_admit(ref, plan.evictable(sorted(rnd.status))):
                 self._credit[ref] = best.credit[ref]
-        for a in best.agents:  # kept for the reuse it promises (unless just evicted above)
+        for a in sorted(best.agents):  # kept for the reuse it promises (unless just evicted)
             if plan.status(a) is PrefixStatus.ABSENT and a not in plan.evict:
                 plan.do_load(a)
         self._kept = tuple(sorted(keep))
@@ -983,12 +991,12 @@ class TOPAS(Policy):
         if queue is not None:
             if ref in queue:
                 queue.remove(ref)
-            rnd.heads = [h for h in rnd.heads if h[1] != agent]
+            heads = [h for h in rnd.heads if h[1] != agent]
             if self._more(rnd, agent, 0):
-                heapq.heappush(rnd.heads, (rnd.rank[queue[0]], agent))
-                rnd.heads.sort()
+                heads.append((rnd.rank[queue[0]], agent))
             else:
                 del rnd.queues[agent]
+            rnd.set_heads(sorted(heads))
         return self._commit(state, rnd, self._search(state, rnd), plan, agent)
 
     # ------------------------------------------------------------------ retention, retraction
