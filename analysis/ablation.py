@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
-from topas.study import md_table  # noqa: E402
+from topas.studies import md_table  # noqa: E402
 
 FULL = "topas"
 METRICS = (("mean_jct", "mean JCT"), ("p99_jct", "p99 JCT"))

@@ -12,9 +12,9 @@ results/bench_oracle/{config.json, runs.csv, summary.md}.
         [--backends cpsat,cbc,highs] [--families chain,fanout] [--max-tasks 8]
     python analysis/bench_oracle.py --quick      # 5 s, 1 seed, up to 3 tasks: a smoke test
 
-Instance seeds follow the gap study (``topas.gap.instance_seed``): seed index ``k`` with
+Instance seeds follow the gap study (``topas.studies.gap.instance_seed``): seed index ``k`` with
 ``n`` tasks uses ``seed * 1_000_000 + n * 1_000 + k``. "Proven" means the oracle reported
-``optimal`` within the limit (``topas.gap.is_proven``).
+``optimal`` within the limit (``topas.studies.gap.is_proven``).
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from topas.gap import (
+from topas.instance import write_atomic
+from topas.oracle import BACKENDS, solve
+from topas.policies import BASELINES
+from topas.studies.gap import (
     DEFAULT_FAMILIES,
     best_schedule,
     instance_seed,
     is_proven,
     policy_objectives,
 )
-from topas.instance import write_atomic
-from topas.oracle import BACKENDS, solve
-from topas.policies import BASELINES
 from topas.workloads import get_workload, small_instance
 
 COLUMNS = (

@@ -6,12 +6,12 @@ Not a script: the two studies put this folder on ``sys.path`` and ``import exper
   Every worker regenerates its instance from (workload, num_tasks, seed, load), so nothing
   large crosses process boundaries.
 - :func:`run_grid`: many rows in parallel through the study framework's runner
-  (:func:`topas.study.run_jobs`: joblib, a bar that advances as runs finish, rows in the
+  (:func:`topas.studies.run_jobs`: joblib, a bar that advances as runs finish, rows in the
   order of the jobs).
 - Paired statistics over seeds: :func:`paired_reduction` (mean relative change, 95% CI
   half-width, Student t) and :func:`best_baseline` (per point and per metric).
 - Output: :func:`run_study` renders config.json, runs.csv and summary.md with the study
-  framework (:mod:`topas.study`: CSV and markdown writers, ``config_document``, the atomic
+  framework (:mod:`topas.studies`: CSV and markdown writers, ``config_document``, the atomic
   ``write_outputs``) plus each study's plots, rendered here to PNG bytes.
 - CLI validation shared by both scripts: bad input raises :class:`CliError`, which
   :func:`run_cli` turns into one ``error: ...`` line on stderr and exit status 2, before
@@ -34,13 +34,13 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from topas.gap import TUNING_SEED_MIN
 from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
-from topas.study import config_document as study_config_document
-from topas.study import rows_to_csv, run_jobs, write_outputs
+from topas.studies import StudyParams, rows_to_csv, run_jobs, write_outputs
+from topas.studies import config_document as study_config_document
+from topas.studies.gap import TUNING_SEED_MIN
 from topas.workloads import WORKLOADS, generate
 
 STUDY_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.profile is None)
@@ -49,7 +49,7 @@ The paper's five (on its own profile) are ``analysis/reproduce_paper.py``'s."""
 
 TIMING = "calibrated"
 
-# TUNING_SEED_MIN (topas.gap): seeds at or above it are for choosing defaults; studies
+# TUNING_SEED_MIN (topas.studies.gap): seeds at or above it are for choosing defaults; studies
 # report on seeds below it, so no reported figure comes from an instance a default was
 # tuned on (config.json records both sets).
 
@@ -60,7 +60,7 @@ checked on (10-12) before the split (docs/topas.md): no study reports on them.""
 REPORT_SEED_START = 20
 """``--seeds N`` means the N reporting seeds from here: 20, 21, ... (never tuned on)."""
 ABLATION_TERMS = ("progress", "move", "reuse", "redo", "revoke", "aging", "reserve")
-"""The weights of ``topas``'s score (topas/search.py) that the ablation switches off."""
+"""The weights of ``topas``'s score (topas/policies/search.py) that the ablation switches off."""
 ABLATION_MODES = ("search=all", "drain_discount=0", "retract=1")
 """Switches of the search itself: no choice of residency; drained memory at full credit;
 voluntary retraction on (off by default: with it off, ``redo=0`` and ``revoke=0`` change
@@ -153,7 +153,7 @@ def run_grid(
     jobs: Sequence[Mapping[str, Any]], n_jobs: int, progress: bool = True
 ) -> list[dict[str, Any]]:
     """Run every job (keyword arguments of :func:`run_point`) on ``n_jobs`` processes
-    (:func:`topas.study.run_jobs`: rows in the order of ``jobs``)."""
+    (:func:`topas.studies.run_jobs`: rows in the order of ``jobs``)."""
     return run_jobs(_run_job, [dict(job) for job in jobs], n_jobs, progress)
 
 
@@ -301,11 +301,12 @@ def run_study(
     """Run ``jobs``, then render config.json, runs.csv, summary.md and ``plots`` (name ->
     renderer) and write them all into ``cfg["out"]``; print the summary."""
     command = shlex.join(["python", script, *argv])
+    cfg = StudyParams(cfg)  # validated by the study's command line: frozen from here on
     start = time.perf_counter()
     rows = run_grid(jobs, cfg["jobs"], progress=progress)
     wall_s = time.perf_counter() - start
     summary = summarize(rows, cfg, command, wall_s)
-    params = {**cfg, "runs": len(rows), "wall_s": round(wall_s, 3)}
+    params = {**cfg.to_json(), "runs": len(rows), "wall_s": round(wall_s, 3)}
     files: dict[str, str | bytes] = {
         "config.json": json.dumps(config_document(study, params, command), indent=1) + "\n",
         "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
@@ -318,7 +319,7 @@ def run_study(
 
 
 def config_document(study: str, params: Mapping[str, Any], command: str) -> dict[str, Any]:
-    """config.json (:func:`topas.study.config_document`) with the simulation studies' seed
+    """config.json (:func:`topas.studies.config_document`) with the simulation studies' seed
     split and timing."""
     return study_config_document(
         study, {**params, "seed_split": SEED_SPLIT, "timing": TIMING}, command

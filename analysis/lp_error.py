@@ -1,6 +1,6 @@
 """Error of topas's E[longest path] approximation against Monte Carlo.
 
-``topas`` (topas/search.py) takes a task's expected longest remaining path
+``topas`` (topas/policies/search.py) takes a task's expected longest remaining path
 ``E[LP(G, Z)]`` as the mean over ``SCENARIOS`` scenarios of the longest path, each stage's
 service scaled by its learned ratio at a stratified level of its own
 (``scenario_levels``). This script measures how far that is from the Monte-Carlo estimate
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
 from topas.instance import Task  # noqa: E402
-from topas.search import SCENARIOS, role_of, scenario_levels  # noqa: E402
-from topas.study import md_table, write_outputs  # noqa: E402
+from topas.policies.search import SCENARIOS, role_of, scenario_levels  # noqa: E402
+from topas.studies import md_table, write_outputs  # noqa: E402
 from topas.timing import predictor  # noqa: E402
 from topas.workloads import generate  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Optimality gap of every registered policy (plus ablation specs) against the exact oracle.
 
-The study behind ``topas gap`` (see ``topas/gap.py`` and ``docs/gap.md``): small
+The study behind ``topas gap`` (see ``topas/studies/gap.py`` and ``docs/gap.md``): small
 step-model instances from each workload family, each solved exactly and run under every
 policy; per policy the mean, p90 and max gap to the proven optimum (% and steps), the
 share proven optimal per size, and gap intervals for unproven instances. The oracle is
@@ -21,7 +21,10 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from topas.gap import (
+from topas.oracle.problem import BACKENDS
+from topas.policies import split_specs
+from topas.studies import default_policies
+from topas.studies.gap import (
     DEFAULT_FAMILIES,
     REPORT_STUDY_SEED,
     TUNING_STUDY_SEEDS,
@@ -29,9 +32,6 @@ from topas.gap import (
     is_tuning_seed,
     run_gap_study,
 )
-from topas.oracle.problem import BACKENDS
-from topas.policies import split_specs
-from topas.study import default_policies
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
-from topas.study import md_table
+from topas.studies import md_table
 from topas.workloads import generate  # noqa: E402
 
 PROFILE = "qwen2.5-32b/a100-80gb"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from topas.study import md_table, rows_to_csv, write_outputs
+from topas.studies import md_table, rows_to_csv, write_outputs
 from topas.workloads import WORKLOADS, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

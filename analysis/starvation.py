@@ -29,9 +29,7 @@ Writes results/starvation/{summary.md, runs.csv, cold_jct.png} and prints the su
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
-import io
 import json
 import math
 import shlex
@@ -42,10 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from topas.instance import Agent, Instance, ServerSpec, Stage, Task, write_atomic
+from topas.instance import Agent, Instance, ServerSpec, Stage, Task
 from topas.policies import make_policy, split_specs
 from topas.schedule import Schedule, evaluate
 from topas.simulator import simulate
+from topas.studies import StudyParams, rows_to_csv, write_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
@@ -313,26 +312,19 @@ def summary_md(rows: Sequence[Row], command: str) -> str:
 
 
 def runs_csv(rows: Sequence[Row]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(asdict(rows[0])), lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(asdict(r))
-    return buf.getvalue()
+    return rows_to_csv([asdict(r) for r in rows])
 
 
 STYLES = ("o-", "s--", "^:", "D-.")
 
 
-def plot(rows: Sequence[Row], path: Path) -> None:
-    """Cold-task JCT against stream length, one line per policy, one panel per bound."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(rows: Sequence[Row]) -> bytes:
+    """Cold-task JCT against stream length, one line per policy, one panel per bound (PNG)."""
+    from matplotlib.figure import Figure
 
     bounds = list(dict.fromkeys(r.bound for r in rows))
-    fig, axes = plt.subplots(1, len(bounds), figsize=(5.2 * len(bounds), 3.8), squeeze=False)
+    fig = Figure(figsize=(5.2 * len(bounds), 3.8))
+    axes = fig.subplots(1, len(bounds), squeeze=False)
     for ax, bound in zip(axes[0], bounds, strict=True):
         sel = [r for r in rows if r.bound == bound]
         lengths = sorted({r.length for r in sel})
@@ -349,11 +341,7 @@ def plot(rows: Sequence[Row], path: Path) -> None:
         ax.legend()
     fig.suptitle("Starvation on an adversarial stream")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    return ex.figure_png(fig)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -382,15 +370,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--policies: no policy given")
         if not bounds or not set(bounds) <= set(BOUNDS):
             raise ValueError(f"--bounds: expected some of {', '.join(BOUNDS)}, got {args.bounds!r}")
+        params = StudyParams(
+            {"lengths": lengths, "policies": policies, "seeds": seeds, "bounds": bounds}
+        )
         rows = run_starvation(lengths, policies, seeds, bounds)
         text = summary_md(rows, command)
-        out = Path(args.out)
-        params = {"lengths": list(lengths), "policies": policies, "seeds": seeds, "bounds": bounds}
-        config = ex.config_document("starvation", params, command)
-        write_atomic(out / "config.json", json.dumps(config, indent=1) + "\n")
-        write_atomic(out / "runs.csv", runs_csv(rows))
-        plot(rows, out / "cold_jct.png")
-        write_atomic(out / "summary.md", text)
+        config = ex.config_document("starvation", params.to_json(), command)
+        files: dict[str, str | bytes] = {  # rendered in full before anything is written
+            "config.json": json.dumps(config, indent=1) + "\n",
+            "runs.csv": runs_csv(rows),
+            "cold_jct.png": plot(rows),
+            "summary.md": text,
+        }
+        write_outputs(Path(args.out), files)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""The optimality-gap study (topas/gap.py, analysis/optimality_gap.py, bench_oracle.py)."""
+"""The optimality-gap study (topas/studies/gap.py, analysis/optimality_gap.py, bench_oracle.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from conftest import random_instances
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topas.gap import (
+from topas.oracle import solve
+from topas.oracle.problem import OracleResult
+from topas.policies import BASELINES, split_specs
+from topas.studies import default_policies
+from topas.studies.gap import (
     RUN_COLUMNS,
     GapConfig,
     GapModelError,
@@ -27,10 +31,6 @@ from topas.gap import (
     run_gap_study,
     validate_config,
 )
-from topas.oracle import solve
-from topas.oracle.problem import OracleResult
-from topas.policies import BASELINES, split_specs
-from topas.study import default_policies
 from topas.workloads import small_instance
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from conftest import kv_of, make, random_instances, stage, task
 from hypothesis import given
 
 from topas.observe import ObservationError, Request, observed_state
-from topas.search import TOPAS
+from topas.policies.search import TOPAS
 from topas.simulator import simulate
 from topas.state import Phase, PrefixStatus
 from topas.workflow_metadata import decode, encode

@@ -197,7 +197,7 @@ def test_generate_and_simulate_with_a_profile(tmp_path, capsys):
 
 
 def test_small_instances_and_the_gap_study_take_a_profile(tmp_path, capsys):
-    from topas.gap import GapConfig, validate_config
+    from topas.studies.gap import GapConfig, validate_config
     from topas.workloads import small_instance
 
     inst = small_instance("chain", seed=3, profile="qwen2.5-32b/a100-80gb")

@@ -1,4 +1,4 @@
-"""The search over post-decision states (topas/search.py, registered as ``topas``):
+"""The search over post-decision states (topas/policies/search.py, registered as ``topas``):
 hand-built states with known answers, the enumeration against brute force, its service
 model, determinism across processes, and the model's invariants under hypothesis."""
 
@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from test_policies import make_resident, ready, released
 
 from topas.policies import PolicyContext, make_policy
-from topas.schedule import evaluate
-from topas.search import (
+from topas.policies.search import (
     SCENARIOS,
     TOPAS,
     ServiceModel,
@@ -23,6 +22,7 @@ from topas.search import (
     role_of,
     scenario_levels,
 )
+from topas.schedule import evaluate
 from topas.simulator import simulate
 from topas.state import Decision, Phase, TaskInfo, apply_inplace, task_arrives
 from topas.verify import verify_step
@@ -188,7 +188,7 @@ def test_longest_path_defers_the_stages_not_started():
     # One task, two parallel waiting stages with tails 10 and 4, a running branch of 7:
     # started none -> max(7, 10 + D, 4 + D); with D = 5: 15. Start the long one: max(7,
     # 10, 9) = 10; both: 10. So the pair's cut is 5, each stage's share 2.5.
-    from topas.search import _Analysis
+    from topas.policies.search import _Analysis
 
     an = _Analysis(running=[7.0], tails={("t", "x"): [10.0], ("t", "y"): [4.0]}, length=10.0)
     assert longest_path(an, (), 5.0) == 15.0
@@ -464,7 +464,7 @@ def test_queue_view_ranks_by_value_then_length_release_task_and_stage():
     # Three tasks; per task slot: value (higher first), length, release. t1 and t2 tie on
     # value and length; t1 was released first. Task t0's two waiting stages tie on every
     # task key and go by stage id. Agent A holds t0/b, t0/a and t2/x; agent B holds t1/y.
-    from topas.search_view import QueueView
+    from topas.policies.search_view import QueueView
 
     view = QueueView(["A", "B"])
     for tid, release in (("t0", 0.0), ("t1", 1.0), ("t2", 2.0)):

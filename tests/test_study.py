@@ -1,4 +1,4 @@
-"""The study framework (topas/study.py)."""
+"""The study framework (topas/studies/__init__.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from topas.errors import InputError
-from topas.gap import GapConfig
-from topas.study import cell, md_table, rows_to_csv, run_jobs, write_outputs
+from topas.studies import cell, md_table, rows_to_csv, run_jobs, write_outputs
+from topas.studies.gap import GapConfig
 
 
 def _square(x: int) -> int:
@@ -56,3 +56,14 @@ def test_outputs_refuse_a_file_in_place_of_the_folder(tmp_path):
         write_outputs(tmp_path / "out", {"a.txt": "y"})
     write_outputs(tmp_path / "new", {"a.txt": "y", "b.png": b"\x89PNG"})
     assert (tmp_path / "new" / "a.txt").read_text() == "y"
+
+
+def test_study_params_are_frozen_and_round_trip_through_json():
+    from topas.studies import StudyParams
+
+    cfg = StudyParams({"loads": [0.5, 1.0], "map_kv": {"0.2": 61440}, "policies": ("lpm",)})
+    assert cfg["loads"] == (0.5, 1.0) and cfg["map_kv"]["0.2"] == 61440
+    with pytest.raises(TypeError):
+        cfg["loads"] = (2.0,)  # type: ignore[index]
+    again = StudyParams.from_json(json.loads(json.dumps(cfg.to_json())))
+    assert again == cfg and again.to_json() == cfg.to_json()

@@ -371,7 +371,7 @@ def cmd_oracle(args: argparse.Namespace) -> None:
 
 
 def cmd_gap(args: argparse.Namespace) -> None:
-    from topas.gap import GapConfig, run_gap_study
+    from topas.studies.gap import GapConfig, run_gap_study
 
     config = GapConfig(
         families=tuple(f for f in args.families.split(",") if f),

@@ -186,7 +186,7 @@ class OracleResult:
     @property
     def solver_gap(self) -> float | None:
         """The solver's relative gap between its objective and its bound (0 when proved
-        optimal); not a policy's optimality gap (:mod:`topas.gap`)."""
+        optimal); not a policy's optimality gap (:mod:`topas.studies.gap`)."""
         if self.objective is None:
             return None
         return (self.objective - self.lower_bound) / max(1, self.objective)

@@ -14,12 +14,12 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from topas.errors import InputError
-from topas.heuristic import TOPASGreedy
 from topas.params import coerce
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
+from topas.policies.greedy import TOPASGreedy
 from topas.policies.replay import Replay
-from topas.search import TOPAS, TOPASBase
+from topas.policies.search import TOPAS, TOPASBase
 
 REGISTRY: dict[str, type[Policy]] = {
     "fcfs": FCFS,
@@ -31,9 +31,9 @@ REGISTRY: dict[str, type[Policy]] = {
     "parrot-fcfs": ParrotFCFS,
     "las": LAS,
     "replay": Replay,  # replays a recorded schedule: replay:file=RESULT.json
-    "topas": TOPAS,  # the search over post-decision states (topas/search.py)
+    "topas": TOPAS,  # the search over post-decision states (topas/policies/search.py)
     "topas-base": TOPASBase,  # the paper's TOPAS-base: the search without reuse and aging
-    "topas-greedy": TOPASGreedy,  # the earlier single-pass scorer (topas/heuristic.py)
+    "topas-greedy": TOPASGreedy,  # the earlier single-pass scorer (topas/policies/greedy.py)
 }
 
 BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow", "spf", "parrot-fcfs", "las")

@@ -10,10 +10,10 @@ from array import array
 import pytest
 from conftest import cache_prompt, cached_len, make_cache, make_req, schedule_policy
 
-from topas.heuristic import TOPASGreedy
 from topas.instance import ServerSpec, Stage, Task
 from topas.observe import observed_state
 from topas.policies.base import PolicyContext
+from topas.policies.greedy import TOPASGreedy
 from topas.state import Decision
 from topas.workflow_metadata import encode
 
@@ -234,7 +234,7 @@ def hold_back_case():
     """pm's 2000-token prompt and eng's are cached; t0's stage r (agent eng) runs and its
     eight children need pm. t1's stage w (50 + 10 tokens) fits only if pm's prompt goes
     (10 tokens short). TOPAS holds w back to keep the prompt t0 is about to reuse
-    eight times (test_heuristic prices the same trade by hand); SGLang alone admits w
+    eight times (test_greedy prices the same trade by hand); SGLang alone admits w
     and evicts the prompt. t2's one pm stage lets the scheduler see pm's prompt."""
     PROMPTS["pm"] = list(range(5000, 7000))
     t0 = Task("t0", 0.0, (Stage("r", "eng", 8, 4),

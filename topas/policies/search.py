@@ -1,7 +1,7 @@
 """TOPAS as the paper defines it: a search over post-decision states ``(R', Q')``.
 
 Registered as ``topas``; ``topas-base`` is the paper's TOPAS-base (no reuse, no aging) and
-``topas-greedy`` the earlier single-pass scorer of :mod:`topas.heuristic`. docs/topas.md
+``topas-greedy`` the earlier single-pass scorer of :mod:`topas.policies.greedy`. docs/topas.md
 has the derivation, the choices where the paper is silent, the defaults and the
 measurements.
 
@@ -54,7 +54,7 @@ taking). This is an addition to the paper's description.
 
 Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
 fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
-The waiting queue is kept across decisions by :class:`~topas.search_view.QueueView`, so
+The waiting queue is kept across decisions by :class:`~topas.policies.search_view.QueueView`, so
 a decision re-analyses only the tasks that changed.
 
 Deterministic: a decision depends only on the states the policy has been given (the
@@ -80,7 +80,7 @@ import numpy as np
 from topas.errors import InputError
 from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions
-from topas.search_view import QueueView, Ranking
+from topas.policies.search_view import QueueView, Ranking
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")

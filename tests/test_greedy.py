@@ -1,4 +1,4 @@
-"""The single-pass TOPAS scorer (``topas-greedy``, topas/heuristic.py): each score term on
+"""The single-pass TOPAS scorer (``topas-greedy``, topas/policies/greedy.py): each score term on
 a hand-built state, its switches, and the incremental scoreboard against a from-scratch analysis.
 
 States are built with the engine hooks (``task_arrives``, ``apply_inplace``,
@@ -15,10 +15,10 @@ import pytest
 from conftest import jcts_across_processes, kv_of, make, random_instances, stage, task
 from hypothesis import given
 
-from topas.heuristic import TOPASGreedy
 from topas.instance import Instance
 from topas.policies import make_policy
 from topas.policies.base import PolicyContext
+from topas.policies.greedy import TOPASGreedy
 from topas.schedule import evaluate
 from topas.simulator import simulate
 from topas.state import (
@@ -400,7 +400,7 @@ def test_scoreboard_matches_a_fresh_analysis_calibrated(inst):
 def test_order_is_lazy_but_exact():
     # More waiting stages than the sorted head (128): the order must still be the full
     # sort by (value desc, wait stamp), ties included.
-    from topas.scoreboard import Scoreboard
+    from topas.policies.scoreboard import Scoreboard
 
     board = Scoreboard(["a"])
     board.add_task("t", 0.0)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from topas.instance import StageRef
-from topas.scoreboard import Slots
+from topas.policies.scoreboard import Slots
 
 
 def _grown(a: np.ndarray, n: int, fill: float = 0) -> np.ndarray:

@@ -48,7 +48,7 @@ from topas.oracle.problem import OracleResult
 from topas.policies import BASELINES, make_policy
 from topas.schedule import Schedule, evaluate
 from topas.simulator import simulate
-from topas.study import (
+from topas.studies import (
     EXCLUDED_POLICIES,
     StudyConfig,
     config_json,

@@ -27,7 +27,7 @@ first, and scores each step of the construction with the terms of ``DESIGN.md``
 
 Every term has a weight; 0 switches it off: ``topas:reuse=0,aging=0``. Per-task analyses
 are cached by the task's epoch and the residency of its agents, and per-stage score inputs
-live in numpy slot arrays (:mod:`topas.scoreboard`), so a decision re-analyses only the
+live in numpy slot arrays (:mod:`topas.policies.scoreboard`), so a decision re-analyses only the
 tasks that changed and scores thousands of waiting stages in a few vector operations.
 """
 
@@ -42,7 +42,7 @@ import numpy as np
 
 from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions
-from topas.scoreboard import Scoreboard
+from topas.policies.scoreboard import Scoreboard
 from topas.state import Decision, Phase, PrefixStatus, State
 
 

@@ -10,7 +10,9 @@ once every one of them has been rendered, so a failure leaves no half-written st
 
 :class:`StudyConfig` is the base of frozen study configurations: ``to_json`` and
 ``from_json`` round-trip them (tuples come back as tuples), and ``validate`` is called on
-construction. Plots are rendered outside the library (``analysis/``) and handed in as
+construction. :class:`StudyParams` freezes a study's named parameters the same way where
+the configuration is a set of values validated by the study's own command line. Plots
+are rendered outside the library (``analysis/``, or beside the study) and handed in as
 bytes.
 """
 
@@ -80,6 +82,52 @@ def _from_json(value: Any, hint: Any) -> Any:
     if isinstance(value, list) and any(typing.get_origin(o) is tuple for o in options):
         return tuple(value)
     return value
+
+
+class StudyParams(Mapping[str, Any]):
+    """A study's parameters as a read-only mapping, for studies whose configuration is a
+    set of named values (the simulation studies): frozen once validated, every sequence a
+    tuple and every mapping a StudyParams, so that a configuration and its JSON round trip
+    (``to_json``, ``from_json``) compare equal."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = {str(k): _frozen(v) for k, v in data.items()}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"StudyParams({self._data!r})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The values as JSON values (tuples become lists, nested params dicts)."""
+        return {k: _thawed(v) for k, v in self._data.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StudyParams:
+        return cls(data)
+
+
+def _frozen(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return v if isinstance(v, StudyParams) else StudyParams(v)
+    if isinstance(v, list | tuple):
+        return tuple(_frozen(x) for x in v)
+    return v
+
+
+def _thawed(v: Any) -> Any:
+    if isinstance(v, StudyParams):
+        return v.to_json()
+    if isinstance(v, tuple):
+        return [_thawed(x) for x in v]
+    return v
 
 
 # --------------------------------------------------------------------------- running
