@@ -6,7 +6,15 @@ from conftest import make, random_instances, stage, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topas.kv import overrun_need, reservation, sglang_kv_need, step_need, step_peak_kv
+from topas.kv import (
+    decode_steps_that_fit,
+    overrun_need,
+    reservation,
+    sglang_kv_need,
+    step_estimate,
+    step_need,
+    step_peak_kv,
+)
 from topas.policies import make_policy
 from topas.simulator import CalibratedEngine, simulate
 from topas.state import TaskInfo, task_arrives
@@ -24,7 +32,17 @@ def test_reservation_by_hand():
 
 def test_step_need_and_overrun_by_hand():
     assert step_need(30, 12) == 42  # rule 3: input + output
+    assert step_estimate(30, 5, room=100) == 35  # told 5 output tokens, whatever the truth
+    assert step_estimate(30, 500, room=100) == 100  # clipped: it always fits alone
     assert overrun_need(171) == 172  # what it holds plus its next token
+
+
+def test_decode_room_by_hand():
+    # 1,000 tokens of KV, 970 held, 4 sequences decoding: 7 iterations add 28 tokens and
+    # fit, the 8th would need 32; with 997 held none fits and a retraction comes first
+    assert decode_steps_that_fit(1000, 970, 4) == 7
+    assert decode_steps_that_fit(1000, 997, 4) == 0
+    assert decode_steps_that_fit(1000, 1003, 4) == 0  # over already: still none
 
 
 def test_step_peak_kv_by_hand():

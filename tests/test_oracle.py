@@ -127,10 +127,10 @@ def test_zero_time_limit_is_a_timeout(backend):
 def test_too_large_for_the_time_limit_is_not_claimed_optimal(backend):
     # 24 stages with a 1 s limit. (CBC is left out: its time limit is soft, its root LP on
     # this model runs for minutes; docs/oracle.md says so.)
-    from topas.oracle import baseline_warm_start
+    from topas.runs import best_baseline_schedule
 
     inst = small_instance("mixed", seed=1, num_tasks=6)
-    warm = baseline_warm_start(inst)
+    warm = best_baseline_schedule(inst)
     r = solve(inst, backend=backend, time_limit=1, warm_start=warm)
     # measured: highs "timeout" (no incumbent of its own), cpsat "feasible" 157 >= LB 149;
     # a faster machine may prove it, but only a proof may say "optimal"
@@ -220,11 +220,11 @@ def test_solve_takes_the_best_baseline_as_its_own_warm_start():
     # CHAIN: kvflow's prefetch gives 10 steps, every other baseline 13 (test_step_model);
     # the optimum is 10, so the warm start is already optimal and bounds the horizon
     from topas.errors import InputError
-    from topas.oracle import baseline_warm_start
+    from topas.runs import best_baseline_schedule
 
     inst = make(**CHAIN)
-    assert evaluate(baseline_warm_start(inst)).objective_steps == 10
-    r = solve(inst, backend="cbc", time_limit=30, warm_start="baselines")
+    assert evaluate(best_baseline_schedule(inst)).objective_steps == 10
+    r = solve(inst, backend="cbc", time_limit=30, warm_start=best_baseline_schedule)
     assert r.status == "optimal" and r.objective == 10
-    with pytest.raises(InputError, match="warm_start: unknown 'best'"):
+    with pytest.raises(InputError, match="warm_start: expected a Schedule"):
         solve(inst, backend="cbc", time_limit=30, warm_start="best")

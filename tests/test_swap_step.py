@@ -316,12 +316,12 @@ def test_host_backends_agree_and_replay(family, seed):
     # recompute one plus the channel: its optimum can only be larger or equal (on the
     # mixed ones, when written, the channel binds: 58 vs 55 and 54 vs 52). The best
     # baseline's simulated schedule (queued loads and all) is the warm start, as in the CLI.
-    from topas.oracle import baseline_warm_start
+    from topas.runs import best_baseline_schedule
 
     base = small_instance(family, seed=seed, num_tasks=2, rate=1000.0)
     inst = with_host(base, float(base.server.chunk_tokens))
     assert StepTiming.of(inst).load_steps == StepTiming.of(base).load_steps
-    warm = baseline_warm_start(inst)
+    warm = best_baseline_schedule(inst)
     results = {b: solve(inst, backend=b, time_limit=30, warm_start=warm) for b in BACKENDS}
     assert results["cpsat"].stats["hint_objective"] == evaluate(warm).objective_steps
     for b, r in results.items():

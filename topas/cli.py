@@ -23,7 +23,13 @@ from topas.oracle.problem import BACKENDS
 from topas.policies import BASELINES, available, make_policy, split_specs
 from topas.profiles import MOVEMENTS
 from topas.results import oracle_result_document, result_document, write_result
-from topas.runs import compare_policies, cuts_vs_best, run_policy, timing_mode
+from topas.runs import (
+    best_baseline_schedule,
+    compare_policies,
+    cuts_vs_best,
+    run_policy,
+    timing_mode,
+)
 from topas.schedule import Metrics, evaluate
 from topas.timing import TIMING_MODES
 
@@ -354,7 +360,7 @@ def cmd_oracle(args: argparse.Namespace) -> None:
         backend=args.backend,
         time_limit=args.time_limit,
         threads=args.threads,
-        warm_start="baselines",
+        warm_start=best_baseline_schedule,
     )
     write_result(oracle_result_document(inst, result), args.out)
     bound = f"lower bound {result.lower_bound}"

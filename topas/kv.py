@@ -13,9 +13,13 @@ decision bench share (DESIGN.md, "Step model" rule 3 and the calibrated model):
   :func:`sglang_kv_need` binds it to a source of stages and prompts as a ``KvNeed``;
 - :func:`overrun_need`: a stage decoding past its prediction commits what it holds plus
   the KV of its next token (its reservation is used up);
+- :func:`decode_steps_that_fit`: the decode iterations the KV actually held leaves room
+  for (the calibrated engine retracts when it is 0);
 - :func:`step_peak_kv`: the peak KV a step-model schedule holds.
 
-The committed figure (``State.kv_committed``, recounted by
+The admission plan is the state's (``State.plan()``, a ``Planner``: a stage costs its
+``State.need`` plus its prompt if absent, evictions free unused prompts) and the
+committed figure (``State.kv_committed``, recounted by
 :func:`topas.state.committed_kv`) is what admission control sees; the
 calibrated engine also tracks the KV actually held (``kv_actual``: prompts, prefilled
 input, decoded tokens), which may run over the committed one only while stages decode
@@ -78,6 +82,13 @@ def overrun_need(held: int) -> int:
     """What a stage decoding past its predicted length commits: the KV it holds plus that
     of its next token."""
     return held + 1
+
+
+def decode_steps_that_fit(capacity: int, held: int, decoding: int) -> int:
+    """Decode iterations of ``decoding`` sequences that fit in the KV left beside what is
+    actually ``held`` (each iteration adds one token per sequence): 0 means the next one
+    must first make room (SGLang's ``retract_decode``). ``decoding`` must be positive."""
+    return max(0, (capacity - held) // decoding)
 
 
 def step_peak_kv(schedule: Schedule) -> int:

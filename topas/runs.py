@@ -17,7 +17,7 @@ from typing import Any
 from topas.instance import Instance
 from topas.policies import BASELINES, make_policy
 from topas.results import result_document
-from topas.schedule import Metrics, evaluate
+from topas.schedule import Metrics, Schedule, evaluate
 from topas.simulator import simulate
 
 PROGRESS_MIN_STAGES = 2000
@@ -120,6 +120,21 @@ def cuts_vs_best(
         best = min(BASELINES, key=lambda b: getattr(got[b], key))
         out.append(Cut(key, getattr(got[proposed], key), best, getattr(got[best], key)))
     return out
+
+
+def best_baseline_schedule(instance: Instance) -> Schedule:
+    """The best registered baseline's step-model schedule (least sum of JCTs; the first in
+    registry order among equals): the oracle's warm start (``topas.oracle.solve``), a good
+    upper bound and a short horizon."""
+    best: tuple[int, Schedule] | None = None
+    for spec in BASELINES:
+        sched = simulate(instance, make_policy(spec), timing="step")
+        obj = evaluate(sched).objective_steps
+        assert obj is not None
+        if best is None or obj < best[0]:
+            best = (obj, sched)
+    assert best is not None
+    return best[1]
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):  # type: ignore[no-untyped-def]

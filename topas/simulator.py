@@ -24,7 +24,14 @@ from dataclasses import dataclass
 
 from topas.errors import InputError
 from topas.instance import HostLoad, Instance, StageRef
-from topas.kv import overrun_need, reservation, step_estimate, step_need, step_peak_kv
+from topas.kv import (
+    decode_steps_that_fit,
+    overrun_need,
+    reservation,
+    step_estimate,
+    step_need,
+    step_peak_kv,
+)
 from topas.policies.base import Policy, PolicyContext
 from topas.schedule import PrefixInterval, Schedule, StageRun
 from topas.state import (
@@ -604,7 +611,7 @@ class CalibratedEngine(_Engine):
         if (
             self.mixed
             and self.n_decoding
-            and self.kv_actual + self.n_decoding > self.state.capacity
+            and not decode_steps_that_fit(self.state.capacity, self.kv_actual, self.n_decoding)
         ):
             self._make_room(self.n_decoding)
             return
@@ -684,11 +691,12 @@ class CalibratedEngine(_Engine):
     def _decode_span(self) -> None:
         """Advance ``k`` decode iterations in one jump, up to the next event."""
         n = self.n_decoding
-        if self.kv_actual + n > self.state.capacity:
+        fit = decode_steps_that_fit(self.state.capacity, self.kv_actual, n)
+        if not fit:
             self._make_room(n)
             return
         k = self.decoding[0][0] - self.decode_iter if self.decoding else 1
-        k = min(k, (self.state.capacity - self.kv_actual) // n)
+        k = min(k, fit)
         nxt = self._next_time_event()
         if nxt is not None:
             k = min(k, decode_iters_within(self.cost, n, self.ctx_sum, nxt - self.now))

@@ -22,6 +22,7 @@ otherwise, ``timeout`` when no schedule was found.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from topas.errors import InputError
 from topas.instance import Instance
@@ -41,7 +42,7 @@ from topas.oracle.problem import (
     verified,
     warm_hint,
 )
-from topas.schedule import Schedule, evaluate
+from topas.schedule import Schedule
 
 __all__ = [
     "BACKENDS",
@@ -50,7 +51,6 @@ __all__ = [
     "OracleResult",
     "OracleSolution",
     "StepProblem",
-    "baseline_warm_start",
     "horizon",
     "objective_of",
     "serial_solution",
@@ -68,24 +68,27 @@ def solve(
     backend: str = "cpsat",
     time_limit: float = 60.0,
     threads: int = 2,
-    warm_start: Schedule | str | None = None,
+    warm_start: Schedule | Callable[[Instance], Schedule] | None = None,
     log: bool = False,
 ) -> OracleResult:
     """Minimise the sum of JCTs of ``instance`` in the step model.
 
     ``warm_start``: a feasible step-model schedule that bounds the horizon and seeds the
-    solver (verified first); ``"baselines"``: the best registered baseline's, simulated
-    here (:func:`baseline_warm_start`); without it a serial schedule is used.
+    solver (verified first), or a function that makes one from the instance (such as
+    :func:`topas.runs.best_baseline_schedule`: the oracle never imports the policies it
+    judges); without it a serial schedule is used.
     ``time_limit`` is in seconds of solver time; 0 returns ``timeout`` at once.
     """
     if backend not in BACKENDS:
         raise InputError(f"unknown oracle backend {backend!r}; choose from {', '.join(BACKENDS)}")
     t0 = time.perf_counter()
     problem = StepProblem.of(instance)
-    if isinstance(warm_start, str):
-        if warm_start != "baselines":
-            raise InputError(f"warm_start: unknown {warm_start!r} (a Schedule or 'baselines')")
-        warm_start = baseline_warm_start(instance)
+    if callable(warm_start):
+        warm_start = warm_start(instance)
+    if warm_start is not None and not isinstance(warm_start, Schedule):
+        raise InputError(
+            f"warm_start: expected a Schedule or a function of the instance, got {warm_start!r}"
+        )
     hint = warm_hint(problem, warm_start) if warm_start else serial_solution(problem)
     upper = objective_of(problem, hint)
     T = horizon(problem, upper)
@@ -125,20 +128,3 @@ def _reconcile(status: str, bound: int, trivial: int, objective: int) -> tuple[s
         bound = objective
     bound = min(max(bound, trivial), objective)
     return ("optimal" if bound == objective else status), objective, bound
-
-
-def baseline_warm_start(instance: Instance) -> Schedule:
-    """The best registered baseline's step-model schedule (least sum of JCTs; the first
-    in registry order among equals): a good upper bound, and a short horizon."""
-    from topas.policies import BASELINES, make_policy  # the oracle sits beside them
-    from topas.simulator import simulate
-
-    best: tuple[int, Schedule] | None = None
-    for spec in BASELINES:
-        sched = simulate(instance, make_policy(spec), timing="step")
-        obj = evaluate(sched).objective_steps
-        assert obj is not None
-        if best is None or obj < best[0]:
-            best = (obj, sched)
-    assert best is not None
-    return best[1]
