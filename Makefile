@@ -11,7 +11,7 @@ SGLANG_VENV  ?= .venv-sglang
 SGLANG_BIN   := $(SGLANG_VENV)/bin
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: demo test test-core test-sglang install install-sglang lint bench clean
+.PHONY: demo test test-core test-sglang install install-sglang lint bench live-bench clean
 
 # venv_rules(DIR, EXTRAS): create DIR, install the project with EXTRAS, stamp DIR/.installed
 define venv_rules
@@ -48,6 +48,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python analysis/bench_simulator.py
+
+# the real SGLang server on the CPU with the fake model (integration/sglang/live_bench.py)
+live-bench: $(SGLANG_STAMP)
+	PYTHON=$(SGLANG_BIN)/python integration/sglang/run_live_bench.sh
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info

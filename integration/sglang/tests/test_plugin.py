@@ -421,3 +421,24 @@ def test_openai_completions_carry_the_metadata_to_the_scheduler():
     params = SamplingParams(**OpenAIServingCompletion._build_sampling_params(None, request))
     params.normalize(None)
     assert decode(params.custom_params).ref == ("t0", "b") and params.max_new_tokens == 3
+
+
+def test_more_than_one_rank_is_refused_at_start_with_one_line():
+    # TOPAS's plans read the scheduler's clock, which differs between ranks: until every
+    # rank is shown to decide alike, --tp-size 2 (and dp, pp) stop the server at start
+    from sglang.srt.server_args import prepare_server_args
+
+    from topas_sglang.plugin import UnsupportedSetting
+
+    args = prepare_server_args(["--model-path", "dummy", "--tp-size", "2",
+                                "--radix-eviction-policy", "topas"])  # fmt: skip
+    with pytest.raises(UnsupportedSetting, match="does not support --tp-size 2") as err:
+        args.check_server_args()  # hooked: the plugin's check runs first
+    assert "\n" not in str(err.value)
+    plain = prepare_server_args(["--model-path", "dummy", "--tp-size", "2"])
+    try:  # without TOPAS the plugin says nothing (SGLang's own checks may still object)
+        plain.check_server_args()
+    except UnsupportedSetting:  # pragma: no cover
+        pytest.fail("the plugin refused a server that does not use TOPAS")
+    except Exception:  # noqa: BLE001, S110
+        pass

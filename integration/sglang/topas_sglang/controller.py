@@ -65,6 +65,21 @@ class Stats:
     decide_s: float = 0.0  # seconds inside plan_round / retraction_order
     malformed: int = 0  # sightings (per planned round) of requests whose metadata failed
 
+    def line(self) -> str:
+        """One log line (``topas stats: key=value ...``), which the live bench reads."""
+        per_round = 1e3 * self.decide_s / max(1, self.rounds + self.retraction_orders)
+        return (
+            f"topas stats: rounds={self.rounds} reused={self.reused} "
+            f"reordered={self.reordered} held={self.held} "
+            f"retraction_orders={self.retraction_orders} fallbacks={self.fallbacks} "
+            f"malformed={self.malformed} decide_s={self.decide_s:.6f} "
+            f"decide_ms_per_call={per_round:.4f}"
+        )
+
+
+STATS_EVERY = 20
+"""Planned rounds between two ``topas stats`` log lines."""
+
 
 DEFAULT_POLICY = "topas-greedy"
 """The plugin's default: the single-pass scorer. The search (``topas``) has not yet been
@@ -131,6 +146,8 @@ class Controller:
         self.stats.held += len(held)
         self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
         self.stats.decide_s += time.perf_counter() - start
+        if self.stats.rounds % STATS_EVERY == 0:
+            logger.info(self.stats.line())
         return order
 
     def retraction_order(self, reqs: Sequence, order: list[int], now: float) -> list[int]:

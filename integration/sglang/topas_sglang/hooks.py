@@ -107,3 +107,12 @@ def tree_core_backend(original, params):  # type: ignore[no-untyped-def]
     if str(getattr(params, "eviction_policy", "")).lower() == NAME:
         return "python"
     return original(params)
+
+
+def check_server_args(original, args):  # type: ignore[no-untyped-def]
+    """AROUND ``ServerArgs.check_server_args``: the plugin's own start-up checks first
+    (:func:`topas_sglang.plugin.check_topas_args`), then SGLang's."""
+    from topas_sglang.plugin import check_topas_args
+
+    check_topas_args(args)
+    return original(args)

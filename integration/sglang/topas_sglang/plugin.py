@@ -9,7 +9,9 @@ radix cache exist. It registers, for SGLang 0.5.23 only:
 - an AROUND hook on ``SchedulePolicy.calc_priority`` (order and hold-back);
 - a REPLACE of ``Scheduler.get_prefill_adder_class`` (the adder that honours hold-backs);
 - an AROUND hook on ``ScheduleBatch._get_decode_retraction_order`` (retraction victims);
-- an AROUND hook on ``select_tree_core_backend`` (the Python tree core for ``topas``).
+- an AROUND hook on ``select_tree_core_backend`` (the Python tree core for ``topas``);
+- an AROUND hook on ``ServerArgs.check_server_args`` (:func:`check_topas_args`: what the
+  plugin refuses or warns about at start-up, before SGLang's own checks).
 
 Without ``--radix-eviction-policy topas`` every hook passes SGLang's own result through.
 """
@@ -36,12 +38,44 @@ HOOKS = {
         "tree_core_backend",
         "AROUND",
     ),
+    "sglang.srt.server_args.ServerArgs.check_server_args": ("check_server_args", "AROUND"),
 }
 """Target -> (function in :mod:`topas_sglang.hooks`, hook type)."""
 
 
 class VersionError(RuntimeError):
     """The installed SGLang is not the release the plugin is tested against."""
+
+
+class UnsupportedSetting(ValueError):
+    """A server setting TOPAS cannot honour yet (raised at start-up, one line)."""
+
+
+PARALLEL_SIZES = ("tp_size", "dp_size", "pp_size")
+
+
+def check_topas_args(args) -> None:  # type: ignore[no-untyped-def]
+    """With ``--radix-eviction-policy topas``: refuse more than one rank (every rank must
+    take the same decision, and a plan reads the scheduler's wall clock, which differs
+    between ranks; not yet proven otherwise), and warn when there is no radix cache for
+    the strategy to attach to (``--disable-radix-cache``: SGLang then runs alone)."""
+    if str(getattr(args, "radix_eviction_policy", "")).lower() != "topas":
+        return
+    for name in PARALLEL_SIZES:
+        n = getattr(args, name, 1)
+        if isinstance(n, int) and n > 1:
+            flag = "--" + name.replace("_", "-")
+            raise UnsupportedSetting(
+                f"--radix-eviction-policy topas does not support {flag} {n} yet: every rank "
+                f"must take the same decision and TOPAS's plans read the scheduler's clock; "
+                f"run with {flag} 1"
+            )
+    if getattr(args, "disable_radix_cache", False):
+        logger.warning(
+            "--radix-eviction-policy topas with --disable-radix-cache: there is no radix "
+            "cache for the topas strategy to attach to, so TOPAS neither orders the queue "
+            "nor retains prompts; SGLang runs on its own"
+        )
 
 
 def check_version(version: str) -> None:

@@ -1,0 +1,121 @@
+"""The real SGLang server on the CPU with the fake model, and the short live bench.
+
+The first tests check the fake model's forward against hand-worked batches; the last one
+runs ``live_bench.py --quick``: two real servers (TOPAS and SGLang's defaults) serve a
+4-task MetaGPT-SOP instance over HTTP, in about two minutes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from topas.profiles import get_profile
+from topas.timing import iteration_s
+from topas_sglang.fake_model import MODEL_DIR
+from topas_sglang.fake_model.causal_lm import TopasFakeForCausalLM, batch_cost
+from topas_sglang.fake_server import FakeServer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _batch(mode, rows, seq_lens, extend=None):  # type: ignore[no-untyped-def]
+    """The ForwardBatch fields the fake model reads."""
+    return types.SimpleNamespace(
+        forward_mode=mode,
+        batch_size=rows,
+        seq_lens_sum=sum(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens),
+        seq_lens=torch.tensor(seq_lens),
+        extend_seq_lens_cpu=extend,
+        input_ids=torch.zeros(sum(extend) if extend else rows, dtype=torch.long),
+    )
+
+
+def test_batch_cost_by_hand():
+    # a decode of 3 sequences with contexts 101, 102 and 40: 3 decode sequences, KV read
+    # 243; an extend of two prompts, 100 new tokens beside 0 cached and 1 beside 299:
+    # 101 prefill tokens, KV read 100 + 300
+    assert batch_cost(_batch(ForwardMode.DECODE, 3, [101, 102, 40])) == (3, 0, 3, 243)
+    assert batch_cost(_batch(ForwardMode.EXTEND, 2, [100, 300], [100, 1])) == (2, 101, 0, 400)
+    assert batch_cost(_batch(ForwardMode.IDLE, 0, [])) == (0, 0, 0, 0)
+
+
+def test_forward_sleeps_the_profiles_iteration_time_and_emits_one_token(monkeypatch):
+    monkeypatch.setenv("TOPAS_FAKE_PROFILE", "llama-3-8b/h100")
+    monkeypatch.setenv("TOPAS_FAKE_TIME_SCALE", "0")  # no sleeping in a unit test
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    model = TopasFakeForCausalLM(types.SimpleNamespace(**config))
+    out = model.forward(torch.zeros(3), None, _batch(ForwardMode.DECODE, 3, [101, 102, 40]))
+    assert out.next_token_logits.shape == (3, config["vocab_size"])
+    assert out.next_token_logits.argmax(dim=1).tolist() == [7, 7, 7]
+    expected = iteration_s(get_profile("llama-3-8b/h100").cost, 0, 3, 243)
+    assert model.model_time_s == pytest.approx(expected)
+
+
+def test_noise_has_mean_one_and_a_bad_setting_is_refused(monkeypatch):
+    monkeypatch.setenv("TOPAS_FAKE_NOISE", "0.5")
+    config = types.SimpleNamespace(**json.loads((MODEL_DIR / "config.json").read_text()))
+    model = TopasFakeForCausalLM(config)
+    samples = [
+        model.iteration_time(100, 4, 1000) / iteration_s(model.cost, 100, 4, 1000)
+        for _ in range(4000)
+    ]
+    assert abs(sum(samples) / len(samples) - 1.0) < 0.05  # log-normal with mean 1
+    assert min(samples) > 0 and max(samples) > 1.5
+    monkeypatch.setenv("TOPAS_FAKE_TIME_SCALE", "-1")
+    with pytest.raises(ValueError, match="TOPAS_FAKE_TIME_SCALE"):
+        TopasFakeForCausalLM(config)
+
+
+def test_server_command_runs_every_policy_on_the_python_tree_core():
+    topas = FakeServer(port=1, max_total_tokens=2048, policy="topas:aging=0", overlap=False)
+    cmd = topas.command()
+    assert cmd[cmd.index("--radix-eviction-policy") + 1] == "topas"
+    assert json.loads(cmd[cmd.index("--radix-eviction-policy-config") + 1]) == {
+        "policy": "topas:aging=0"
+    }
+    assert "--disable-overlap-schedule" in cmd
+    assert cmd[cmd.index("--max-total-tokens") + 1] == "2048"
+    lru = FakeServer(port=1, max_total_tokens=2048, policy="lru", schedule_policy="fcfs")
+    assert "--radix-eviction-policy-config" not in lru.command()
+    for server in (topas, lru):
+        env = server.environment()
+        assert env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "topas_sglang.fake_model"
+        assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
+
+
+def test_quick_live_bench_serves_every_task_in_the_real_server(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "live_bench", ROOT / "integration" / "sglang" / "live_bench.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["live_bench"] = bench
+    spec.loader.exec_module(bench)
+    out = tmp_path / "live"
+    assert bench.main(["--quick", "--out", str(out), "--port", "31731"]) == 0
+    rows = {r["policy"]: r for r in _csv(out / "runs.csv")}
+    assert set(rows) == {"topas", "lru"}
+    for policy, row in rows.items():
+        doc = json.loads((out / f"metagpt-sop-{policy}-overlap.json").read_text())
+        assert doc["timing"] == "live" and len(doc["jct"]) == 4  # every task finished
+        assert 0 < float(row["live_mean_jct"]) < 120
+    topas = rows["topas"]  # the plugin planned rounds in SGLang's own loop, without error
+    assert float(topas["rounds"]) > 0 and float(topas["fallbacks"]) == 0
+    assert math.isfinite(float(topas["decide_ms_per_call"]))
+    assert rows["lru"]["rounds"] == ""  # SGLang alone: no TOPAS counters
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path) as f:
+        return list(csv.DictReader(f))
