@@ -92,7 +92,7 @@ def test_payload_is_prefix_then_fresh_input_with_metadata():
     assert a["sampling_params"]["max_new_tokens"] == 5 and a["sampling_params"]["ignore_eos"]
     meta = decode(a["sampling_params"]["custom_params"])
     assert meta.ref == ("t0", "a") and meta.prefix_tokens == 16
-    assert a["rid"] == "t0/a"
+    assert a["rid"] == "t0/a" and a["routing_key"] == c["routing_key"] == "t0"  # one worker
 
 
 def test_replay_respects_dependencies_and_measures_jct(server):

@@ -56,7 +56,10 @@ def prefix_ids(instance: Instance, seed: int = 0) -> dict[str, list[int]]:
 def stage_payload(
     instance: Instance, task: Task, stage: str, prefixes: dict[str, list[int]], seed: int = 0
 ) -> dict[str, Any]:
-    """The ``/generate`` body of one stage (a ``GenerateReqInput``)."""
+    """The ``/generate`` body of one stage (a ``GenerateReqInput``). ``routing_key`` is the
+    task id, so a router in front of several workers (SGLang's ``routing_key`` field;
+    the ``x-smg-routing-key`` header on the OpenAI routes) can keep a task's stages, and its
+    agents' prompts, on one worker."""
     t = instance.tasks.index(task)
     s = task.stage_by_id[stage]
     rng = np.random.default_rng([seed, 2, t, task.stages.index(s)])
@@ -64,6 +67,7 @@ def stage_payload(
     prefix = prefixes[s.agent]
     return {
         "rid": f"{task.id}/{stage}",
+        "routing_key": task.id,
         "input_ids": prefix + fresh,
         "sampling_params": {
             "max_new_tokens": s.output_tokens,

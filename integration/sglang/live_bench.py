@@ -153,7 +153,8 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
         "radix-tree core, like TOPAS), the instance replayed over HTTP (`topas serve-bench`), "
         "JCTs in seconds of wall clock. Simulated: the calibrated simulator on the same "
         "instance with the matching policy (`lru` -> `fcfs`). The plugin's counters are its "
-        "last `topas stats` log line (every 20 planned rounds; `-`: no TOPAS).",
+        "last `topas stats` log line (at powers of two and every 20 planned rounds; "
+        "`-`: no TOPAS).",
         "",
         md_table(header, body),
         "",

@@ -388,6 +388,7 @@ def test_client_payloads_pass_sglangs_own_request_classes():
         body = stage_payload(inst, task, stage.id, prefixes)
         req = GenerateReqInput(**body)
         req.normalize_batch_and_arguments()
+        assert req.routing_key == task.id  # SGLang's own field: a router keys on it
         params = SamplingParams(**req.sampling_params)
         params.normalize(None)
         params.verify(vocab_size=128256)

@@ -78,7 +78,8 @@ class Stats:
 
 
 STATS_EVERY = 20
-"""Planned rounds between two ``topas stats`` log lines."""
+"""Planned rounds between two ``topas stats`` log lines (and at every power of two, so
+a short run logs its counters too)."""
 
 
 DEFAULT_POLICY = "topas-greedy"
@@ -146,7 +147,8 @@ class Controller:
         self.stats.held += len(held)
         self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
         self.stats.decide_s += time.perf_counter() - start
-        if self.stats.rounds % STATS_EVERY == 0:
+        r = self.stats.rounds
+        if r & (r - 1) == 0 or r % STATS_EVERY == 0:  # 1, 2, 4, 8, 16, 20, 32, 40, ...
             logger.info(self.stats.line())
         return order
 
