@@ -16,7 +16,7 @@ fallbacks).
     .venv-sglang/bin/python integration/sglang/live_bench.py [--quick]
         [--workloads metagpt-sop,fanout] [--tasks 6] [--token-scale 8]
         [--policies topas,lpm,lru] [--overlap on,off] [--time-scale 1]
-        [--noise 0.1] [--port 31000] [--out results/live_bench]
+        [--noise 0.1] [--port 0] [--out results/live_bench]
 
 ``--quick`` (part of ``make test``): metagpt-sop, 4 tasks, ``topas`` and ``lru``, overlap
 on; about two minutes. Writes ``{summary.md, runs.csv, config.json}`` and one
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--load", type=float, default=1.0)
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--noise", type=float, default=0.1)
-    ap.add_argument("--port", type=int, default=31000)
+    ap.add_argument("--port", type=int, default=0, help="0: a free port per server")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="results/live_bench")
     args = ap.parse_args(argv)

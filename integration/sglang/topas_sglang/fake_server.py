@@ -42,6 +42,15 @@ SGLANG_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority")
 """SGLang 0.5.23's own eviction policies (``--radix-eviction-policy``)."""
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class FakeServerError(RuntimeError):
     """The server did not start (its log's tail is in the message) or died."""
 
@@ -50,7 +59,7 @@ class FakeServerError(RuntimeError):
 class FakeServer:
     """One fake-model SGLang server (module docstring)."""
 
-    port: int
+    port: int  # 0: a free port, chosen at start
     max_total_tokens: int
     policy: str = "topas"  # a TOPAS spec ("topas", "topas-greedy:aging=0") or an SGLang policy
     schedule_policy: str = "lpm"
@@ -118,6 +127,8 @@ class FakeServer:
 
     def start(self) -> FakeServer:
         """Launch the server and wait until ``/health`` answers."""
+        if not self.port:
+            self.port = free_port()
         if self.log_path is None:
             import tempfile
 
