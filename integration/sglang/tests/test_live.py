@@ -119,3 +119,40 @@ def _csv(path: Path) -> list[dict[str, str]]:
 
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def test_a_request_prefilled_in_chunks_is_never_taken_for_finished(tmp_path):
+    # With a 64-token chunk every stage's prompt is prefilled over several rounds, during
+    # which SGLang keeps it in Scheduler.chunked_req: in neither the waiting queue nor the
+    # running batch. The controller used to take it for finished and then see it again
+    # (Stats.reappeared: 1-2 per run before the fix); now the adder tells it.
+    import subprocess
+
+    from topas.instance import save_instance
+    from topas.workloads import generate
+
+    inst = generate("metagpt-sop", num_tasks=4, seed=0, load=1.0, token_scale=4)
+    path = tmp_path / "sop.json"
+    save_instance(inst, str(path))
+    log = tmp_path / "server.log"
+    server = FakeServer(
+        port=0,
+        max_total_tokens=inst.server.kv_capacity_tokens,
+        policy="topas",
+        extra_args=("--chunked-prefill-size", "64"),
+        log_path=log,
+    )
+    with server:
+        topas = Path(sys.executable).with_name("topas")
+        run = subprocess.run(
+            [str(topas), "serve-bench", str(path), "--url", server.url,
+             "--out", str(tmp_path / "r.json"), "--timeout", "300"],
+            capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(json.loads((tmp_path / "r.json").read_text())["jct"]) == 4
+    text = log.read_text(errors="replace")
+    assert "chunked_prefill_size': 64" in text  # the server really chunked
+    stats = [line for line in text.splitlines() if "topas stats:" in line]
+    assert stats and "reappeared=0 " in stats[-1], stats[-1:]
+    assert "fallbacks=0 " in stats[-1]

@@ -64,6 +64,7 @@ class Stats:
     fallbacks: int = 0  # rounds that fell back to SGLang's order after an error
     decide_s: float = 0.0  # seconds inside plan_round / retraction_order
     malformed: int = 0  # sightings (per planned round) of requests whose metadata failed
+    reappeared: int = 0  # stages taken for finished (gone from queue and batch) seen again
 
     def line(self) -> str:
         """One log line (``topas stats: key=value ...``), which the live bench reads."""
@@ -72,7 +73,8 @@ class Stats:
             f"topas stats: rounds={self.rounds} reused={self.reused} "
             f"reordered={self.reordered} held={self.held} "
             f"retraction_orders={self.retraction_orders} fallbacks={self.fallbacks} "
-            f"malformed={self.malformed} decide_s={self.decide_s:.6f} "
+            f"malformed={self.malformed} reappeared={self.reappeared} "
+            f"decide_s={self.decide_s:.6f} "
             f"decide_ms_per_call={per_round:.4f}"
         )
 
@@ -116,6 +118,7 @@ class Controller:
         self._last_key: tuple = ()  # what the last plan saw, when, and what it said
         self._last_at = -math.inf
         self._last_order: list | None = None
+        self.chunked_req: Any = None  # the request SGLang is still prefilling in chunks
 
     # ------------------------------------------------------------------ rounds
 
@@ -131,6 +134,13 @@ class Controller:
         self.held_rids = frozenset()
         self._last_key, self._last_at, self._last_order = key, now, None
         self.cache = cache
+        chunked = self.chunked_req
+        if (
+            chunked is not None
+            and not chunked.finished()
+            and not any(r is chunked for r in (*waiting, *running))
+        ):
+            running = [*running, chunked]  # mid-prefill: in flight, not finished
         obs = observe(waiting, running, self.releases)
         self._note_finished(obs)
         if not obs.requests:
@@ -180,8 +190,9 @@ class Controller:
             self.finished.setdefault(tid, set()).add(sid)
         for tid, sid in present:  # sent again (after an abort, say): not finished
             done = self.finished.get(tid)
-            if done:
+            if done and sid in done:
                 done.discard(sid)
+                self.stats.reappeared += 1
         for r in obs.requests:
             self.task_size[r.task.id] = len(r.task.stages)
         active = {tid for tid, _ in present}

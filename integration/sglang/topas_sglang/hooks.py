@@ -71,13 +71,27 @@ class TopasPrefillAdder(PrefillAdder):
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        controller = controller_of(self.tree_cache)
-        self.topas_held = controller.held_rids if controller is not None else frozenset()
+        self.topas = controller_of(self.tree_cache)
+        self.topas_held = self.topas.held_rids if self.topas is not None else frozenset()
+        if self.topas is not None:  # set again below while a request is still chunked
+            self.topas.chunked_req = None
+
+    def add_chunked_req(self, req):  # type: ignore[no-untyped-def]
+        """SGLang's, then tell the controller which request is still being chunked: it is
+        in neither the waiting queue nor the running batch, yet it holds KV and has not
+        finished (the scheduler keeps it in ``Scheduler.chunked_req``)."""
+        still = super().add_chunked_req(req)
+        if self.topas is not None:
+            self.topas.chunked_req = still
+        return still
 
     def add_one_req(self, req, *args, **kwargs):  # type: ignore[no-untyped-def]
         if self.topas_held and req.rid in self.topas_held:
             return AddReqResult.OTHER
-        return super().add_one_req(req, *args, **kwargs)
+        result = super().add_one_req(req, *args, **kwargs)
+        if self.topas is not None and self.new_chunked_req is req:  # its first chunk:
+            self.topas.chunked_req = req  # the scheduler keeps it as its chunked_req
+        return result
 
 
 def prefill_adder_class(scheduler) -> type[PrefillAdder]:  # type: ignore[no-untyped-def]
