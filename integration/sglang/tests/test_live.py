@@ -121,12 +121,14 @@ def _csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_a_request_prefilled_in_chunks_is_never_taken_for_finished(tmp_path):
+def test_chunked_requests_are_never_taken_for_finished_and_counters_reach_metrics(tmp_path):
     # With a 64-token chunk every stage's prompt is prefilled over several rounds, during
     # which SGLang keeps it in Scheduler.chunked_req: in neither the waiting queue nor the
     # running batch. The controller used to take it for finished and then see it again
-    # (Stats.reappeared: 1-2 per run before the fix); now the adder tells it.
+    # (Stats.reappeared: 1-2 per run before the fix); now the adder tells it. With
+    # --enable-metrics the plugin's counters are in SGLang's own /metrics.
     import subprocess
+    import urllib.request
 
     from topas.instance import save_instance
     from topas.workloads import generate
@@ -139,7 +141,7 @@ def test_a_request_prefilled_in_chunks_is_never_taken_for_finished(tmp_path):
         port=0,
         max_total_tokens=inst.server.kv_capacity_tokens,
         policy="topas",
-        extra_args=("--chunked-prefill-size", "64"),
+        extra_args=("--chunked-prefill-size", "64", "--enable-metrics"),
         log_path=log,
     )
     with server:
@@ -149,10 +151,38 @@ def test_a_request_prefilled_in_chunks_is_never_taken_for_finished(tmp_path):
              "--out", str(tmp_path / "r.json"), "--timeout", "300"],
             capture_output=True, text=True, timeout=400,
         )  # fmt: skip
+        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
     assert run.returncode == 0, run.stderr[-2000:]
+    exported = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("topas:")
+    }
+    assert exported["topas:plan_rounds_total"] > 0 and exported["topas:fallbacks_total"] == 0
+    assert exported["topas:reappeared_total"] == 0 and "topas:held_requests_total" in exported
     assert len(json.loads((tmp_path / "r.json").read_text())["jct"]) == 4
     text = log.read_text(errors="replace")
     assert "chunked_prefill_size': 64" in text  # the server really chunked
     stats = [line for line in text.splitlines() if "topas stats:" in line]
     assert stats and "reappeared=0 " in stats[-1], stats[-1:]
     assert "fallbacks=0 " in stats[-1]
+
+
+def test_exporter_adds_only_what_changed():
+    from prometheus_client import REGISTRY
+
+    from topas_sglang.controller import Stats
+    from topas_sglang.metrics import Exporter
+
+    def value() -> float:
+        return REGISTRY.get_sample_value("topas:plan_rounds_total") or 0.0
+
+    before = value()
+    exporter, stats = Exporter(), Stats()
+    stats.rounds = 3
+    exporter.update(stats)
+    exporter.update(stats)  # nothing new: nothing added
+    stats.rounds = 5
+    exporter.update(stats)
+    assert value() - before == 5

@@ -42,6 +42,7 @@ from topas.policies import make_policy
 from topas.policies.base import Policy, PolicyContext
 from topas.state import Decision, State
 from topas_sglang.adapter import Observation, observe
+from topas_sglang.metrics import Exporter, metrics_enabled
 
 logger = logging.getLogger("topas_sglang")
 
@@ -119,6 +120,7 @@ class Controller:
         self._last_at = -math.inf
         self._last_order: list | None = None
         self.chunked_req: Any = None  # the request SGLang is still prefilling in chunks
+        self.exporter = Exporter() if metrics_enabled() else None  # --enable-metrics
 
     # ------------------------------------------------------------------ rounds
 
@@ -157,10 +159,16 @@ class Controller:
         self.stats.held += len(held)
         self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
         self.stats.decide_s += time.perf_counter() - start
+        self.export()
         r = self.stats.rounds
         if r & (r - 1) == 0 or r % STATS_EVERY == 0:  # 1, 2, 4, 8, 16, 20, 32, 40, ...
             logger.info(self.stats.line())
         return order
+
+    def export(self) -> None:
+        """Bring SGLang's metrics up to date with :attr:`stats` (with --enable-metrics)."""
+        if self.exporter is not None:
+            self.exporter.update(self.stats)
 
     def retraction_order(self, reqs: Sequence, order: list[int], now: float) -> list[int]:
         """SGLang's retraction ``order`` (indices into ``reqs``, keep-first: the last is
@@ -179,6 +187,7 @@ class Controller:
         out = refill(order, keep_first, key=int)
         self.stats.retraction_orders += 1
         self.stats.decide_s += time.perf_counter() - start
+        self.export()
         return out
 
     # ------------------------------------------------------------------ observation

@@ -29,6 +29,7 @@ def _fell_back(where: str, exc: BaseException, controller: Any = None) -> None:
     if controller is not None:
         controller.stats.fallbacks += 1
         controller.held_rids = frozenset()
+        controller.export()
     key = (where, type(exc).__name__)
     if key not in _logged:
         _logged.add(key)
