@@ -443,3 +443,26 @@ def test_more_than_one_rank_is_refused_at_start_with_one_line():
         pytest.fail("the plugin refused a server that does not use TOPAS")
     except Exception:  # noqa: BLE001, S110
         pass
+
+
+def test_a_cache_topas_cannot_attach_to_is_reported_at_start(monkeypatch, caplog):
+    # --radix-eviction-policy topas with a cache that has no topas strategy (a chunk cache
+    # under --disable-radix-cache, or another registered backend): one warning naming the
+    # cache; with the unified cache SGLang builds for topas, none
+    import logging
+
+    from topas_sglang import hooks
+
+    monkeypatch.setattr(hooks, "topas_configured", lambda: True)
+
+    class ChunkCache:  # what SGLang builds under --disable-radix-cache
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="topas_sglang"):
+        got = hooks.tree_cache_built(lambda ctx: ChunkCache(), None)
+    assert isinstance(got, ChunkCache)
+    assert "the ChunkCache that SGLang built has no topas eviction strategy" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="topas_sglang"):
+        hooks.tree_cache_built(lambda ctx: make_cache("topas"), None)
+    assert "no topas eviction strategy" not in caplog.text

@@ -131,3 +131,29 @@ def check_server_args(original, args):  # type: ignore[no-untyped-def]
 
     check_topas_args(args)
     return original(args)
+
+
+def tree_cache_built(original, ctx):  # type: ignore[no-untyped-def]
+    """AROUND ``create_tree_cache``: SGLang builds the cache; if TOPAS was asked for and the
+    cache has no ``topas`` strategy to run (a chunk cache with ``--disable-radix-cache``,
+    or a registered backend such as flexkv with its own tree), say so once at start-up
+    instead of letting SGLang's order run silently."""
+    cache = original(ctx)
+    if topas_configured() and controller_of(cache) is None:
+        logger.warning(
+            "--radix-eviction-policy topas: the %s that SGLang built has no topas eviction "
+            "strategy to attach to, so TOPAS neither orders the queue nor retains prompts; "
+            "SGLang schedules on its own",
+            type(cache).__name__,
+        )
+    return cache
+
+
+def topas_configured() -> bool:
+    """Whether the published server config asks for ``--radix-eviction-policy topas``."""
+    try:
+        from sglang.srt.runtime_context import get_memory
+
+        return str(get_memory().radix_eviction_policy).lower() == "topas"
+    except Exception:  # noqa: BLE001 - no published config (a bare cache in a test)
+        return False

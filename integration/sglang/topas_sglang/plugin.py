@@ -11,7 +11,9 @@ radix cache exist. It registers, for SGLang 0.5.23 only:
 - an AROUND hook on ``ScheduleBatch._get_decode_retraction_order`` (retraction victims);
 - an AROUND hook on ``select_tree_core_backend`` (the Python tree core for ``topas``);
 - an AROUND hook on ``ServerArgs.check_server_args`` (:func:`check_topas_args`: what the
-  plugin refuses or warns about at start-up, before SGLang's own checks).
+  plugin refuses or warns about at start-up, before SGLang's own checks);
+- an AROUND hook on ``create_tree_cache`` (a warning when the cache built is one the
+  ``topas`` strategy cannot attach to).
 
 Without ``--radix-eviction-policy topas`` every hook passes SGLang's own result through.
 """
@@ -39,6 +41,7 @@ HOOKS = {
         "AROUND",
     ),
     "sglang.srt.server_args.ServerArgs.check_server_args": ("check_server_args", "AROUND"),
+    "sglang.srt.mem_cache.registry.create_tree_cache": ("tree_cache_built", "AROUND"),
 }
 """Target -> (function in :mod:`topas_sglang.hooks`, hook type)."""
 
