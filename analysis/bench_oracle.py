@@ -35,13 +35,8 @@ from typing import Any
 from topas.instance import write_atomic
 from topas.oracle import BACKENDS, solve
 from topas.policies import BASELINES
-from topas.studies.gap import (
-    DEFAULT_FAMILIES,
-    best_schedule,
-    instance_seed,
-    is_proven,
-    policy_objectives,
-)
+from topas.runs import best_schedule, policy_objectives
+from topas.studies.gap import DEFAULT_FAMILIES, instance_seed, is_proven
 from topas.workloads import get_workload, small_instance
 
 COLUMNS = (

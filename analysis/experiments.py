@@ -11,7 +11,7 @@ Not a script: the two studies put this folder on ``sys.path`` and ``import exper
 - Paired statistics over seeds: :func:`paired_reduction` (mean relative change, 95% CI
   half-width, Student t) and :func:`best_baseline` (per point and per metric).
 - Output: :func:`run_study` renders config.json, runs.csv and summary.md with the study
-  framework (:mod:`topas.studies`: CSV and markdown writers, ``config_document``, the atomic
+  framework (:mod:`topas.studies`: CSV and markdown writers, ``config_json``, the atomic
   ``write_outputs``) plus each study's plots, rendered here to PNG bytes.
 - CLI validation shared by both scripts: bad input raises :class:`CliError`, which
   :func:`run_cli` turns into one ``error: ...`` line on stderr and exit status 2, before
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import math
 import os
 import shlex
@@ -39,7 +38,7 @@ from topas.policies import BASELINES, make_policy, split_specs
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
 from topas.studies import StudyParams, rows_to_csv, run_jobs, write_outputs
-from topas.studies import config_document as study_config_document
+from topas.studies import config_json as study_config_json
 from topas.studies.gap import TUNING_SEED_MIN
 from topas.workloads import WORKLOADS, generate
 
@@ -308,7 +307,7 @@ def run_study(
     summary = summarize(rows, cfg, command, wall_s)
     params = {**cfg.to_json(), "runs": len(rows), "wall_s": round(wall_s, 3)}
     files: dict[str, str | bytes] = {
-        "config.json": json.dumps(config_document(study, params, command), indent=1) + "\n",
+        "config.json": config_json(study, params, command),
         "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
         "summary.md": summary,
     }
@@ -318,12 +317,10 @@ def run_study(
     return 0
 
 
-def config_document(study: str, params: Mapping[str, Any], command: str) -> dict[str, Any]:
-    """config.json (:func:`topas.studies.config_document`) with the simulation studies' seed
+def config_json(study: str, params: Mapping[str, Any], command: str) -> str:
+    """config.json (:func:`topas.studies.config_json`) with the simulation studies' seed
     split and timing."""
-    return study_config_document(
-        study, {**params, "seed_split": SEED_SPLIT, "timing": TIMING}, command
-    )
+    return study_config_json(study, {**params, "seed_split": SEED_SPLIT, "timing": TIMING}, command)
 
 
 def runtime_line(rows: Sequence[Mapping[str, Any]], wall_s: float, n_jobs: int) -> str:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import shlex
 import sys
@@ -375,9 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         rows = run_starvation(lengths, policies, seeds, bounds)
         text = summary_md(rows, command)
-        config = ex.config_document("starvation", params.to_json(), command)
         files: dict[str, str | bytes] = {  # rendered in full before anything is written
-            "config.json": json.dumps(config, indent=1) + "\n",
+            "config.json": ex.config_json("starvation", params.to_json(), command),
             "runs.csv": runs_csv(rows),
             "cold_jct.png": plot(rows),
             "summary.md": text,

@@ -18,16 +18,15 @@ from hypothesis import strategies as st
 from topas.oracle import solve
 from topas.oracle.problem import OracleResult
 from topas.policies import BASELINES, split_specs
+from topas.runs import best_schedule, policy_objectives
 from topas.studies import default_policies
 from topas.studies.gap import (
     RUN_COLUMNS,
     GapConfig,
     GapModelError,
-    best_schedule,
     instance_seed,
     is_proven,
     policy_gap,
-    policy_objectives,
     run_gap_study,
     validate_config,
 )

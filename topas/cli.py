@@ -14,7 +14,6 @@ import csv
 import io
 import math
 import sys
-import time
 from collections.abc import Sequence
 
 from topas.errors import InputError
@@ -22,7 +21,7 @@ from topas.instance import Instance, load_instance, save_instance, write_atomic
 from topas.oracle.problem import BACKENDS
 from topas.policies import BASELINES, available, make_policy, split_specs
 from topas.profiles import MOVEMENTS
-from topas.results import oracle_result_document, result_document, write_result
+from topas.results import oracle_result_document, write_result
 from topas.runs import (
     best_baseline_schedule,
     compare_policies,
@@ -30,7 +29,7 @@ from topas.runs import (
     run_policy,
     timing_mode,
 )
-from topas.schedule import Metrics, evaluate
+from topas.schedule import Metrics
 from topas.timing import TIMING_MODES
 
 EXIT_USAGE = 2
@@ -331,20 +330,15 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def cmd_serve_bench(args: argparse.Namespace) -> None:
-    from topas.serve_bench import LIVE, ServeBenchError, replay
+    from topas.serve_bench import ServeBenchError, run_live
 
     inst = load_instance(args.instance)
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise CliError(f"--timeout: must be a positive number, got {args.timeout}")
-    t0 = time.perf_counter()
     try:
-        schedule = replay(inst, args.url, seed=args.seed, timeout=args.timeout)
+        metrics, doc = run_live(inst, args.url, args.label, args.seed, args.timeout)
     except ServeBenchError as e:
         raise CliError(str(e)) from None
-    metrics = evaluate(schedule)
-    doc = result_document(
-        inst, schedule, metrics, args.label, args.seed, LIVE, time.perf_counter() - t0
-    )
     write_result(doc, args.out)
     print(format_table([(args.label, metrics)], "calibrated"))
 

@@ -4,13 +4,15 @@ What ``topas simulate``, ``topas compare`` and ``topas demo`` do, as library cal
 :func:`run_policy` simulates one policy spec and builds its ``topas-result/1`` document,
 :func:`compare_policies` runs several specs on the same instance and :func:`cuts_vs_best`
 gives a policy's cut in mean and p99 JCT against the best of every registered baseline.
+In the step model, :func:`policy_objectives` and :func:`best_schedule` give each policy's
+sum of JCTs and the best schedule among them (the oracle's warm start, the gap study).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,19 +124,34 @@ def cuts_vs_best(
     return out
 
 
+def policy_objectives(
+    instance: Instance, specs: Iterable[str], seed: int = 0
+) -> dict[str, tuple[int, Schedule]]:
+    """Each policy's sum of JCTs in steps (and its schedule) in the step model."""
+    out: dict[str, tuple[int, Schedule]] = {}
+    for spec in specs:
+        try:
+            sched = simulate(instance, make_policy(spec), timing="step", seed=seed)
+        except Exception as e:
+            e.add_note(f"while simulating policy {spec!r} on instance {instance.name!r}")
+            raise
+        obj = evaluate(sched).objective_steps
+        assert obj is not None
+        out[spec] = (obj, sched)
+    return out
+
+
+def best_schedule(runs: dict[str, tuple[int, Schedule]]) -> tuple[str, int, Schedule]:
+    """The policy with the smallest objective (ties: first), its objective and schedule."""
+    spec = min(runs, key=lambda s: runs[s][0])
+    return spec, runs[spec][0], runs[spec][1]
+
+
 def best_baseline_schedule(instance: Instance) -> Schedule:
     """The best registered baseline's step-model schedule (least sum of JCTs; the first in
     registry order among equals): the oracle's warm start (``topas.oracle.solve``), a good
     upper bound and a short horizon."""
-    best: tuple[int, Schedule] | None = None
-    for spec in BASELINES:
-        sched = simulate(instance, make_policy(spec), timing="step")
-        obj = evaluate(sched).objective_steps
-        assert obj is not None
-        if best is None or obj < best[0]:
-            best = (obj, sched)
-    assert best is not None
-    return best[1]
+    return best_schedule(policy_objectives(instance, BASELINES))[2]
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):  # type: ignore[no-untyped-def]

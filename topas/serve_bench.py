@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from topas.instance import Instance, Task
-from topas.schedule import Schedule, StageRun
+from topas.results import result_document
+from topas.schedule import Metrics, Schedule, StageRun, evaluate
 from topas.workflow_metadata import encode
 
 TOKEN_LOW, TOKEN_HIGH = 1000, 120_000
@@ -142,3 +143,15 @@ async def _replay(instance, url, seed, timeout, post) -> Schedule:  # type: igno
     with ThreadPoolExecutor(max_workers=workers) as pool:
         await asyncio.gather(*(run_task(t) for t in instance.tasks))
     return schedule
+
+
+def run_live(
+    instance: Instance, base_url: str, label: str, seed: int = 0, timeout: float = 600.0
+) -> tuple[Metrics, dict[str, Any]]:
+    """:func:`replay` the workload, then its metrics and its ``topas-result/1`` document
+    (timing ``live``, policy ``label``): what ``topas serve-bench`` writes."""
+    t0 = time.perf_counter()
+    schedule = replay(instance, base_url, seed=seed, timeout=timeout)
+    metrics = evaluate(schedule)
+    doc = result_document(instance, schedule, metrics, label, seed, LIVE, time.perf_counter() - t0)
+    return metrics, doc

@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from topas.instance import Instance
-from topas.results import result_document, write_result
+from topas.results import write_result
 from topas.runs import run_policy
-from topas.schedule import evaluate
-from topas.serve_bench import LIVE, replay
+from topas.serve_bench import run_live
 from topas.studies import StudyParams, config_json, md_table, rows_to_csv, write_outputs
 from topas.workloads import generate
 from topas_sglang.fake_server import FakeServer
@@ -97,10 +96,8 @@ def live_run(inst: Instance, workload: str, policy: str, overlap: bool, args) ->
     with server:
         started = time.perf_counter() - t0
         t1 = time.perf_counter()
-        schedule = replay(inst, server.url, seed=0, timeout=args.timeout)
+        metrics, doc = run_live(inst, server.url, policy, seed=0, timeout=args.timeout)
         runtime = time.perf_counter() - t1
-    metrics = evaluate(schedule)
-    doc = result_document(inst, schedule, metrics, policy, 0, LIVE, runtime)
     write_result(doc, str(Path(args.out) / f"{label}.json"))
     stats = plugin_stats(server.log_path) if server.log_path else {}
     return {

@@ -65,6 +65,7 @@ iteration order of a set, so every tensor-parallel rank of a server decides alik
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import hashlib
 import heapq
@@ -942,14 +943,7 @@ class TOPAS(Policy):
         view = self._view
         assert view is not None
         held = tuple(view.held(a for a in view.agents if a not in keep))
-        decision = plan.decision()
-        return Decision(
-            preempt=decision.preempt,
-            evict=decision.evict,
-            load=decision.load,
-            admit=decision.admit,
-            held=held,
-        )
+        return dataclasses.replace(plan.decision(), held=held)
 
     def _starving(self, state: State) -> StageRef | None:
         """The oldest task's first waiting stage, if the task has waited ``reserve`` times

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,9 @@ from typing import Any
 import numpy as np
 
 from topas.errors import InputError
-from topas.instance import Instance
 from topas.oracle.problem import OracleResult
 from topas.policies import BASELINES, make_policy
-from topas.schedule import Schedule, evaluate
-from topas.simulator import simulate
+from topas.runs import best_schedule, policy_objectives
 from topas.studies import (
     EXCLUDED_POLICIES,
     StudyConfig,
@@ -60,8 +58,7 @@ from topas.studies import (
 from topas.studies.gap_plot import plot_gaps
 
 DEFAULT_FAMILIES = ("chain", "fanout", "mixed", "metagpt-sop", "metagpt-tl")
-"""Registered policies left out of the default set: ``replay`` replays one recorded
-schedule and cannot run on generated instances."""
+"""The workload families a study draws instances from by default."""
 
 MAX_INSTANCES = 1000
 MAX_TASKS = 999
@@ -233,29 +230,6 @@ def validate_config(config: GapConfig) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------- oracle helpers
-
-
-def policy_objectives(
-    instance: Instance, specs: Iterable[str], seed: int = 0
-) -> dict[str, tuple[int, Schedule]]:
-    """Each policy's sum of JCTs in steps (and its schedule) in the step model."""
-    out: dict[str, tuple[int, Schedule]] = {}
-    for spec in specs:
-        try:
-            sched = simulate(instance, make_policy(spec), timing="step", seed=seed)
-        except Exception as e:
-            e.add_note(f"while simulating policy {spec!r} on instance {instance.name!r}")
-            raise
-        obj = evaluate(sched).objective_steps
-        assert obj is not None
-        out[spec] = (obj, sched)
-    return out
-
-
-def best_schedule(runs: dict[str, tuple[int, Schedule]]) -> tuple[str, int, Schedule]:
-    """The policy with the smallest objective (ties: first), its objective and schedule."""
-    spec = min(runs, key=lambda s: runs[s][0])
-    return spec, runs[spec][0], runs[spec][1]
 
 
 def is_proven(result: OracleResult) -> bool:

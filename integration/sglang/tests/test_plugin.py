@@ -446,16 +446,16 @@ def test_more_than_one_rank_is_refused_at_start_with_one_line():
 
 
 def test_a_cache_topas_cannot_attach_to_is_reported_at_start(monkeypatch, caplog):
-    # --radix-eviction-policy topas with a cache that has no topas strategy (a chunk cache
-    # under --disable-radix-cache, or another registered backend): one warning naming the
-    # cache; with the unified cache SGLang builds for topas, none
+    # --radix-eviction-policy topas with a cache that has no topas strategy (the disabled
+    # cache of --disable-radix-cache, or another registered backend's): one warning naming
+    # the cache; with the unified cache SGLang builds for topas, none
     import logging
 
     from topas_sglang import hooks
 
     monkeypatch.setattr(hooks, "topas_configured", lambda: True)
 
-    class ChunkCache:  # what SGLang builds under --disable-radix-cache
+    class ChunkCache:  # a cache without the topas strategy
         pass
 
     with caplog.at_level(logging.WARNING, logger="topas_sglang"):

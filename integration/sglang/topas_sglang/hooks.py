@@ -135,9 +135,9 @@ def check_server_args(original, args):  # type: ignore[no-untyped-def]
 
 def tree_cache_built(original, ctx):  # type: ignore[no-untyped-def]
     """AROUND ``create_tree_cache``: SGLang builds the cache; if TOPAS was asked for and the
-    cache has no ``topas`` strategy to run (a chunk cache with ``--disable-radix-cache``,
-    or a registered backend such as flexkv with its own tree), say so once at start-up
-    instead of letting SGLang's order run silently."""
+    cache has no ``topas`` strategy to run (with ``--disable-radix-cache`` SGLang builds a
+    disabled UnifiedRadixCache without one; a registered backend such as flexkv has its
+    own tree), say so once at start-up instead of letting SGLang's order run silently."""
     cache = original(ctx)
     if topas_configured() and controller_of(cache) is None:
         logger.warning(

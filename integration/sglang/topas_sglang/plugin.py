@@ -60,8 +60,9 @@ PARALLEL_SIZES = ("tp_size", "dp_size", "pp_size")
 def check_topas_args(args) -> None:  # type: ignore[no-untyped-def]
     """With ``--radix-eviction-policy topas``: refuse more than one rank (every rank must
     take the same decision, and a plan reads the scheduler's wall clock, which differs
-    between ranks; not yet proven otherwise), and warn when there is no radix cache for
-    the strategy to attach to (``--disable-radix-cache``: SGLang then runs alone)."""
+    between ranks; not yet proven otherwise). A cache the strategy cannot attach to
+    (``--disable-radix-cache`` among others) is reported where the cache is built
+    (:func:`topas_sglang.hooks.tree_cache_built`)."""
     if str(getattr(args, "radix_eviction_policy", "")).lower() != "topas":
         return
     for name in PARALLEL_SIZES:
@@ -73,12 +74,6 @@ def check_topas_args(args) -> None:  # type: ignore[no-untyped-def]
                 f"must take the same decision and TOPAS's plans read the scheduler's clock; "
                 f"run with {flag} 1"
             )
-    if getattr(args, "disable_radix_cache", False):
-        logger.warning(
-            "--radix-eviction-policy topas with --disable-radix-cache: there is no radix "
-            "cache for the topas strategy to attach to, so TOPAS neither orders the queue "
-            "nor retains prompts; SGLang runs on its own"
-        )
 
 
 def check_version(version: str) -> None:
