@@ -24,7 +24,7 @@ $(1)/.installed: pyproject.toml | $(1)/bin/python
 	touch $(1)/.installed
 endef
 
-SGLANG_EXTRAS := dev,sglang
+SGLANG_EXTRAS := dev,sglang,router
 $(eval $(call venv_rules,$(VENV),dev))
 $(eval $(call venv_rules,$(SGLANG_VENV),$(SGLANG_EXTRAS)))
 

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 from conftest import kv_of, make, random_instances, stage, task
 from hypothesis import given
 
-from topas.observe import ObservationError, Request, observed_state
+from topas.observe import ObservationError, Observer, Request, observed_state
 from topas.policies.search import TOPAS
 from topas.simulator import simulate
 from topas.state import Phase, PrefixStatus
 from topas.workflow_metadata import decode, encode
 
 
-def _observe(inst, state):
+def _observe(inst, state, observer=None):
     """What a live engine would report about the simulator's ``state``: each queued and
-    running request with the DAG from its metadata, the reserved KV, cached prompts."""
+    running request with the DAG from its metadata, the reserved KV, cached prompts; built
+    afresh, or by ``observer`` (which remembers the last round)."""
     reqs = []
     for ref, ready in state.waiting.items():
         reqs.append(_request(inst, state, ref, ready, running=False))
@@ -30,23 +32,15 @@ def _observe(inst, state):
     for (tid, sid), phase in state.phase.items():
         if phase == Phase.DONE:
             finished.setdefault(tid, []).append(sid)
-    return observed_state(
-        inst.server,
-        prefix,
-        reqs,
-        resident,
-        state.time,
-        state.kv_need,
-        finished,
-        kv_estimate=state.kv_estimate,
-    )
+    seen = (inst.server, prefix, reqs, resident, state.time, state.kv_need, finished)
+    if observer is not None:
+        return observer.state(*seen, kv_estimate=state.kv_estimate)
+    return observed_state(*seen, kv_estimate=state.kv_estimate)
 
 
 def _request(inst, state, ref, queued_at, running, generated=None, reserved=None):
-    task = inst.task_by_id[ref[0]]
-    meta = decode(encode(task, ref[1], 1))  # the DAG as it travels: predicted lengths
     return Request(
-        task=meta.task,
+        task=_travelled(inst.task_by_id[ref[0]]),
         stage=ref[1],
         release=state.tasks[ref[0]].release,
         queued_at=queued_at,
@@ -54,6 +48,21 @@ def _request(inst, state, ref, queued_at, running, generated=None, reserved=None
         generated=state.generated.get(ref, 0) if generated is None else generated,
         reserved=reserved,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _travelled(task):  # type: ignore[no-untyped-def]
+    """The DAG as it travels in metadata (predicted lengths), one object per task, as the
+    plugin's adapter shares it between a task's requests."""
+    return decode(encode(task, task.stages[0].id, 1)).task
+
+
+def _same_state(a, b) -> None:  # type: ignore[no-untyped-def]
+    """``a`` and ``b`` are the same view, epochs aside."""
+    assert a.phase == b.phase and list(a.waiting) == list(b.waiting)
+    assert a.running == b.running and a.generated == b.generated
+    assert a.kv_committed == b.kv_committed and a.unfinished == b.unfinished
+    assert a.tasks == b.tasks and a.prefixes == b.prefixes
 
 
 class CrossCheck(TOPAS):
@@ -74,26 +83,43 @@ class CrossCheck(TOPAS):
             a.reset(self.ctx)
             b.reset(self.ctx)
             assert a.decide(state).admit == b.decide(seen).admit
+            self._check_observer(seen, _observe(self._inst, state, self._observer))
             CrossCheck.checked += 1
         return super().decide(state)
+
+    def _check_observer(self, fresh, kept) -> None:  # type: ignore[no-untyped-def]
+        """The Observer's state is the fresh one, and a task keeps its epoch exactly when
+        its requests (queued or running), finished stages and phases are as last round."""
+        _same_state(fresh, kept)
+        stamps = list(kept.task_epoch.values())
+        assert stamps == sorted(stamps) and set(kept.task_epoch) == set(kept.tasks)
+        last, self._last = self._last, {}
+        for tid, info in kept.tasks.items():
+            refs = [(tid, sid) for sid in info.topo_order]
+            sig = tuple((kept.phase[r], r in kept.waiting) for r in refs)
+            self._last[tid] = (sig, kept.task_epoch[tid])
+            if tid in last and last[tid][0] == sig:
+                assert kept.task_epoch[tid] == last[tid][1], tid
+            else:
+                assert kept.task_epoch[tid] > max((e for _, e in last.values()), default=0)
+
+
+def _cross_check(inst, timing: str) -> None:  # type: ignore[no-untyped-def]
+    policy = CrossCheck()
+    policy._inst, policy._observer, policy._last = inst, Observer(), {}
+    before = CrossCheck.checked
+    simulate(inst, policy, timing=timing)
+    assert CrossCheck.checked > before  # step 0 at least: nothing is loading yet
 
 
 @given(inst=random_instances(max_tasks=4, max_stages=5))
 def test_observed_state_matches_the_engine_step(inst):
-    policy = CrossCheck()
-    policy._inst = inst
-    before = CrossCheck.checked
-    simulate(inst, policy, timing="step")
-    assert CrossCheck.checked > before  # step 0 at least: nothing is loading yet
+    _cross_check(inst, "step")
 
 
 @given(inst=random_instances(max_tasks=4, max_stages=5))
 def test_observed_state_matches_the_engine_calibrated(inst):
-    policy = CrossCheck()
-    policy._inst = inst
-    before = CrossCheck.checked
-    simulate(inst, policy, timing="calibrated")
-    assert CrossCheck.checked > before  # step 0 at least: nothing is loading yet
+    _cross_check(inst, "calibrated")
 
 
 def test_hand_built_observation():
@@ -118,6 +144,10 @@ def test_hand_built_observation():
     assert list(st.waiting) == [("t1", "s")] and st.unfinished == {"t0": 2, "t1": 1}
     assert st.kv_committed == 10 + 20 + 8 and st.prefixes["y"].users == 1
     assert st.age("t1") == 2.0
+    assert {a: p.host_copy for a, p in st.prefixes.items()} == {"x": None, "y": None}
+    tiered = observed_state(inst.server, {"x": 10, "y": 20}, reqs, ["x"], 3.0, kv_of(inst),
+                            on_host=["x"])  # fmt: skip
+    assert {a: p.host_copy for a, p in tiered.prefixes.items()} == {"x": True, "y": False}
 
 
 def test_contradictions_are_errors():

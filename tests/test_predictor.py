@@ -51,6 +51,12 @@ def test_calibrated_predictor_by_hand():
     assert isinstance(host.prefix_load, HostLoad)
     swap = PolicyContext(server=host, timing="calibrated").predict
     assert swap.load_s(40) == pytest.approx(0.5) and not swap.loads_share_compute
+    # an engine with a host tier (SGLang's HiCache) tells whether the prompt has a copy
+    # there: with one it is a swap, without one a recompute; the step model has no tiers
+    assert swap.load_s(40, host_copy=True) == pytest.approx(0.5)
+    assert swap.load_s(40, host_copy=False) == pytest.approx(40 * cost.prefill_token_s)
+    step = predictor(host, "step")
+    assert step.load_s(40, host_copy=False) == step.load_s(40, host_copy=True) == step.load_s(40)
 
 
 def test_unknown_mode_is_refused():

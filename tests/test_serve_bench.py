@@ -17,7 +17,14 @@ import pytest
 from conftest import make, stage, task
 
 from topas.schedule import evaluate
-from topas.serve_bench import LIVE, ServeBenchError, prefix_ids, replay, stage_payload
+from topas.serve_bench import (
+    LIVE,
+    ROUTING_KEY_HEADER,
+    ServeBenchError,
+    prefix_ids,
+    replay,
+    stage_payload,
+)
 from topas.workflow_metadata import decode
 
 SECONDS_PER_TOKEN = 0.01
@@ -38,6 +45,7 @@ class _Server:
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
                 self.wfile.write(answer.encode())
+                body["header_key"] = self.headers.get(ROUTING_KEY_HEADER)
                 log.append((body, arrived, time.perf_counter()))
 
             def log_message(self, *args) -> None:  # quiet
@@ -102,6 +110,8 @@ def test_replay_respects_dependencies_and_measures_jct(server):
     m = evaluate(sched)  # every stage finished exactly once
     seen = {body["rid"]: (arrived, left) for body, arrived, left in server.log}
     assert sorted(seen) == ["t0/a", "t0/b", "t0/c", "t0/d", "t1/s"]
+    for body, _, _ in server.log:  # the task id in the header a router keys on (smg's)
+        assert body["header_key"] == body["routing_key"] == body["rid"].split("/")[0]
     # a stage reaches the server only after its dependencies have answered
     for sid, deps in (("b", "a"), ("c", "a"), ("d", "bc")):
         for dep in deps:

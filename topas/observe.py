@@ -16,6 +16,7 @@ by release time. Tasks with no request queued or running are not part of the vie
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -61,46 +62,131 @@ def observed_state(
     finished: Mapping[str, Iterable[str]] | None = None,
     stamps: Iterator[int] | None = None,
     kv_estimate: KvNeed | None = None,
+    on_host: Iterable[str] | None = None,
 ) -> State:
     """The scheduler's view of an engine: ``requests`` queued or running, the agents in
     ``resident`` with their prompts cached, at time ``now``; ``finished`` maps a task to
-    the stages whose requests the engine has seen complete. A caller that observes the
+    the stages whose requests the engine has seen complete. ``on_host``, for an engine
+    with a host tier, names the agents whose prompts have a copy in host memory (every
+    prompt's ``PrefixInfo.host_copy`` is set; None: no host tier). A caller that observes the
     same engine round after round passes one ``stamps`` counter to every call, so that a
-    task's epoch never repeats between rounds (policies cache per-task results by it).
+    task's epoch never repeats between rounds (policies cache per-task results by it), or
+    better keeps one :class:`Observer`, which also keeps an unchanged task's epoch.
     ``kv_estimate``: where ``kv_need`` reads true lengths, the same rule with predicted
     ones (``State.estimated_need``); a live engine's reservation needs none."""
-    state = State(
-        time=now,
-        capacity=server.kv_capacity_tokens,
-        max_running=server.max_running,
-        kv_need=kv_need,
-        kv_estimate=kv_estimate,
-        prefixes={a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()},
+    return Observer(stamps).state(
+        server, prefix_tokens, requests, resident, now, kv_need, finished, kv_estimate, on_host
     )
-    if stamps is not None:
-        state.stamps = stamps
-    by_task: dict[str, dict[str, Request]] = {}
-    for r in requests:
-        seen = by_task.setdefault(r.task.id, {})
-        if r.stage in seen:
-            raise ObservationError(f"stage {r.task.id}/{r.stage} observed twice")
-        if seen and next(iter(seen.values())).task != r.task:
-            raise ObservationError(f"task {r.task.id}: requests carry different DAGs")
-        seen[r.stage] = r
-    for agent in resident:
-        _make_resident(state, agent)
-    order = sorted(by_task, key=lambda tid: next(iter(by_task[tid].values())).release)
-    queued: set[tuple[str, str]] = set()
-    for tid in order:
-        queued |= _add_task(state, by_task[tid], set((finished or {}).get(tid, ())))
-    for r in requests:
-        ref = (r.task.id, r.stage)
-        if ref not in queued:
-            continue
-        enqueue_stage(state, ref, r.queued_at)
-        if r.generated:
-            state.generated[ref] = r.generated
-    return state
+
+
+class Observer:
+    """Observes one engine round after round (:func:`observed_state`, with memory).
+
+    A task whose observed phases and release are the same as at the last round keeps its
+    epoch and its :class:`~topas.state.TaskInfo`, so a policy's per-task analyses (cached
+    by epoch) carry over, as they do between the simulator's steps, where a task is
+    stamped only when a stage changes phase. Only the tasks in the last round's view are
+    remembered."""
+
+    def __init__(self, stamps: Iterator[int] | None = None) -> None:
+        self.stamps = stamps if stamps is not None else itertools.count(1)
+        self._known: dict[str, _Known] = {}
+
+    def state(
+        self,
+        server: ServerSpec,
+        prefix_tokens: Mapping[str, int],
+        requests: Sequence[Request],
+        resident: Iterable[str],
+        now: float,
+        kv_need: KvNeed,
+        finished: Mapping[str, Iterable[str]] | None = None,
+        kv_estimate: KvNeed | None = None,
+        on_host: Iterable[str] | None = None,
+    ) -> State:
+        """The State of this round (arguments as :func:`observed_state`'s)."""
+        state = State(
+            time=now,
+            capacity=server.kv_capacity_tokens,
+            max_running=server.max_running,
+            kv_need=kv_need,
+            kv_estimate=kv_estimate,
+            prefixes={a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()},
+        )
+        state.stamps = self.stamps
+        if on_host is not None:
+            hosted = set(on_host)
+            for agent, p in state.prefixes.items():
+                p.host_copy = agent in hosted
+        by_task: dict[str, dict[str, Request]] = {}
+        for r in requests:
+            seen = by_task.setdefault(r.task.id, {})
+            if r.stage in seen:
+                raise ObservationError(f"stage {r.task.id}/{r.stage} observed twice")
+            if seen and next(iter(seen.values())).task != r.task:
+                raise ObservationError(f"task {r.task.id}: requests carry different DAGs")
+            seen[r.stage] = r
+        for agent in resident:
+            _make_resident(state, agent)
+        order = sorted(by_task, key=lambda tid: next(iter(by_task[tid].values())).release)
+        queued: set[tuple[str, str]] = set()
+        known, self._known = self._known, {}
+        for tid in order:
+            done = set((finished or {}).get(tid, ()))
+            queued |= self._add_task(state, by_task[tid], done, known.get(tid))
+        state.task_epoch = dict(sorted(state.task_epoch.items(), key=lambda kv: kv[1]))
+        for r in requests:
+            ref = (r.task.id, r.stage)
+            if ref not in queued:
+                continue
+            enqueue_stage(state, ref, r.queued_at)
+            if r.generated:
+                state.generated[ref] = r.generated
+        return state
+
+    def _add_task(
+        self, state: State, reqs: dict[str, Request], finished: set[str], known: _Known | None
+    ) -> set[tuple[str, str]]:
+        """Register one task's phases; returns its queued stages. A task seen with the same
+        requests (each queued or running) and finished stages as last round keeps its
+        TaskInfo, phases and epoch."""
+        first = next(iter(reqs.values()))
+        task = first.task
+        seen = (frozenset((sid, r.running) for sid, r in reqs.items()), frozenset(finished))
+        if known is not None and known.task is task and known.info.release == first.release:
+            info = known.info
+        else:
+            info, known = TaskInfo.of(task, first.release), None
+        state.tasks[task.id] = info
+        if known is not None and known.seen == seen:
+            state.phase.update(known.phases)
+            state.unfinished[task.id] = known.unfinished
+            for sid, r in reqs.items():
+                if r.running:
+                    _add_running(state, (task.id, sid), r)
+            state.task_epoch[task.id] = known.epoch  # unchanged: the policy's analyses hold
+            self._known[task.id] = known
+            return known.queued
+        queued = _add_phases(state, info, task, reqs, finished)
+        stamp_task(state, task.id)
+        phases = {(task.id, sid): state.phase[(task.id, sid)] for sid in info.topo_order}
+        self._known[task.id] = _Known(
+            task, info, seen, phases, state.unfinished[task.id], queued, state.task_epoch[task.id]
+        )
+        return queued
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What an :class:`Observer` remembers of a task from the last round."""
+
+    task: Task
+    info: TaskInfo
+    seen: tuple[frozenset[tuple[str, bool]], frozenset[str]]  # its requests, finished stages
+    phases: dict[tuple[str, str], Phase]
+    unfinished: int
+    queued: set[tuple[str, str]]
+    epoch: int
 
 
 def _make_resident(state: State, agent: str) -> None:
@@ -110,12 +196,10 @@ def _make_resident(state: State, agent: str) -> None:
         state.kv_committed += p.tokens
 
 
-def _add_task(state: State, reqs: dict[str, Request], finished: set[str]) -> set[tuple[str, str]]:
-    """Register one task's phases; returns its queued stages."""
-    first = next(iter(reqs.values()))
-    task = first.task
-    info = TaskInfo.of(task, first.release)
-    state.tasks[task.id] = info
+def _add_phases(
+    state: State, info: TaskInfo, task: Task, reqs: dict[str, Request], finished: set[str]
+) -> set[tuple[str, str]]:
+    """Set the phase of each of the task's stages; returns its queued stages."""
     clash = finished & reqs.keys()
     if clash:
         raise ObservationError(f"stage {task.id}/{sorted(clash)[0]} finished and observed")
@@ -133,7 +217,7 @@ def _add_task(state: State, reqs: dict[str, Request], finished: set[str]) -> set
             _add_running(state, ref, r)
         else:
             queued.add(ref)
-    stamp_task(state, task.id)
+            state.phase[ref] = Phase.WAITING
     return queued
 
 

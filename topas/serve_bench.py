@@ -58,8 +58,7 @@ def stage_payload(
     instance: Instance, task: Task, stage: str, prefixes: dict[str, list[int]], seed: int = 0
 ) -> dict[str, Any]:
     """The ``/generate`` body of one stage (a ``GenerateReqInput``). ``routing_key`` is the
-    task id, so a router in front of several workers (SGLang's ``routing_key`` field;
-    the ``x-smg-routing-key`` header on the OpenAI routes) can keep a task's stages, and its
+    task id, so a router in front of several workers can keep a task's stages, and its
     agents' prompts, on one worker."""
     t = instance.tasks.index(task)
     s = task.stage_by_id[stage]
@@ -84,10 +83,19 @@ def stage_payload(
     }
 
 
+ROUTING_KEY_HEADER = "x-smg-routing-key"
+"""The header SGLang's router (the ``smg`` package) routes by (its ``--routing-key-headers``
+default); SGLang's OpenAI routes read the same header. The router ignores the body's
+``routing_key``, which a worker reads."""
+
+
 def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     """POST ``body`` as JSON and return the decoded JSON answer; ServeBenchError otherwise."""
     data = json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if body.get("routing_key"):  # SGLang's router (smg) keys on the header, not the body
+        headers[ROUTING_KEY_HEADER] = str(body["routing_key"])
+    request = urllib.request.Request(url, data, headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())

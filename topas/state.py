@@ -104,6 +104,9 @@ class PrefixInfo:
     status: PrefixStatus = PrefixStatus.ABSENT
     users: int = 0  # admitted + running stages of this agent
     last_used: float = -1.0  # for LRU
+    host_copy: bool | None = None  # an engine with a host tier (SGLang's HiCache) observed
+    # whether the prefix has a copy in host memory: True, a load is a swap at the host
+    # rate; False, a recompute. None (the simulator): as ``server.prefix_load`` says.
 
     @property
     def evictable(self) -> bool:

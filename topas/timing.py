@@ -171,8 +171,9 @@ class Predictor(Protocol):
         """A stage's service in seconds from what a policy sees (no prefix load)."""
         ...
 
-    def load_s(self, prefix_tokens: int) -> float:
-        """Seconds to make a prefix of ``prefix_tokens`` resident."""
+    def load_s(self, prefix_tokens: int, host_copy: bool | None = None) -> float:
+        """Seconds to make a prefix of ``prefix_tokens`` resident (``host_copy``: see
+        :attr:`topas.state.PrefixInfo.host_copy`)."""
         ...
 
 
@@ -189,7 +190,9 @@ class StepPredictor:
         step_s = step_seconds(self.server)
         return stage_steps(input_tokens, predicted_output, self.server.chunk_tokens) * step_s
 
-    def load_s(self, prefix_tokens: int) -> float:
+    def load_s(self, prefix_tokens: int, host_copy: bool | None = None) -> float:
+        """The step model knows no host tier beside ``server.prefix_load``: ``host_copy``
+        is not used."""
         step_s = step_seconds(self.server)
         return prefix_load_steps(prefix_tokens, self.server, step_s) * step_s
 
@@ -213,9 +216,12 @@ class CalibratedPredictor:
         per_iter = iteration_s(cost, 0, REFERENCE_DECODE_BATCH, 0.0)
         return input_tokens * cost.prefill_token_s + predicted_output * per_iter
 
-    def load_s(self, prefix_tokens: int) -> float:
-        if isinstance(self.server.prefix_load, HostLoad):
-            return host_transfer_s(prefix_tokens, self.server.prefix_load)
+    def load_s(self, prefix_tokens: int, host_copy: bool | None = None) -> float:
+        """A host transfer where ``server.prefix_load`` is a host tier, unless the engine
+        saw no host copy (``host_copy`` False); else a recompute."""
+        load = self.server.prefix_load
+        if isinstance(load, HostLoad) and host_copy is not False:
+            return host_transfer_s(prefix_tokens, load)
         return prefix_tokens * linear_cost(self.server).prefill_token_s
 
 

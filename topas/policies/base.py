@@ -80,7 +80,7 @@ class Predictions:
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
         self.service_of: dict[StageRef, float] = {}
-        self._load: dict[str, float] = {}
+        self._load: dict[tuple[str, bool | None], float] = {}
         self.mean_service = 0.0
         self._count = 0
 
@@ -95,10 +95,11 @@ class Predictions:
         return s
 
     def load(self, state: State, agent: str) -> float:
-        s = self._load.get(agent)
+        p = state.prefixes[agent]
+        key = (agent, p.host_copy)
+        s = self._load.get(key)
         if s is None:
-            tokens = state.prefixes[agent].tokens
-            s = self._load[agent] = self.ctx.predict.load_s(tokens)
+            s = self._load[key] = self.ctx.predict.load_s(p.tokens, p.host_copy)
         return s
 
     def keep_tasks(self, live: dict[str, object]) -> None:

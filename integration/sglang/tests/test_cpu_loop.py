@@ -39,6 +39,7 @@ def test_the_plugin_takes_effect_in_sglangs_scheduler(workload):
     assert plain.stats is None
     stats = topas.stats
     assert stats.rounds > 0 and stats.fallbacks == 0 and stats.malformed == 0
+    assert stats.finished == inst.num_stages and stats.reappeared == 0  # SGLang's signals
     assert stats.reordered > 0  # TOPAS's order was used ...
     assert topas.finished != plain.finished  # ... and changed what ran when
 
@@ -54,3 +55,4 @@ def test_memory_pressure_retracts_through_the_hooked_order(monkeypatch):
     result = replay(inst, "topas", kv_tokens=12_000)
     _check_replay(inst, result)
     assert result.retractions > 0 and result.stats.retraction_orders > 0
+    assert result.stats.finished == inst.num_stages  # a retraction is no finish signal

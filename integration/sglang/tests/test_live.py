@@ -105,13 +105,14 @@ def test_quick_live_bench_serves_every_task_in_the_real_server(tmp_path):
     rows = {r["policy"]: r for r in _csv(out / "runs.csv")}
     assert set(rows) == {"topas", "lru"}
     for policy, row in rows.items():
-        doc = json.loads((out / f"metagpt-sop-{policy}-overlap.json").read_text())
+        doc = json.loads((out / f"metagpt-sop-s20-{policy}-overlap.json").read_text())
         assert doc["timing"] == "live" and len(doc["jct"]) == 4  # every task finished
         assert 0 < float(row["live_mean_jct"]) < 120
     topas = rows["topas"]  # the plugin planned rounds in SGLang's own loop, without error
     assert float(topas["rounds"]) > 0 and float(topas["fallbacks"]) == 0
     assert math.isfinite(float(topas["decide_ms_per_call"]))
     assert rows["lru"]["rounds"] == ""  # SGLang alone: no TOPAS counters
+    assert {r["seed"] for r in rows.values()} == {"20"}  # a reporting seed
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -125,8 +126,9 @@ def test_chunked_requests_are_never_taken_for_finished_and_counters_reach_metric
     # With a 64-token chunk every stage's prompt is prefilled over several rounds, during
     # which SGLang keeps it in Scheduler.chunked_req: in neither the waiting queue nor the
     # running batch. The controller used to take it for finished and then see it again
-    # (Stats.reappeared: 1-2 per run before the fix); now the adder tells it. With
-    # --enable-metrics the plugin's counters are in SGLang's own /metrics.
+    # (Stats.reappeared: 1-2 per run before the fix); now the adder tells it, and a stage
+    # is finished only on SGLang's finish signal, one per stage. With --enable-metrics
+    # the plugin's counters are in SGLang's own /metrics.
     import subprocess
     import urllib.request
 
@@ -161,6 +163,7 @@ def test_chunked_requests_are_never_taken_for_finished_and_counters_reach_metric
     }
     assert exported["topas:plan_rounds_total"] > 0 and exported["topas:fallbacks_total"] == 0
     assert exported["topas:reappeared_total"] == 0 and "topas:held_requests_total" in exported
+    assert exported["topas:finished_stages_total"] == inst.num_stages  # one signal per stage
     assert len(json.loads((tmp_path / "r.json").read_text())["jct"]) == 4
     text = log.read_text(errors="replace")
     assert "chunked_prefill_size': 64" in text  # the server really chunked

@@ -309,7 +309,7 @@ def test_retained_prompt_survives_an_eviction_lru_would_make():
 # ---------------------------------------------------------------------- safety
 
 
-@pytest.mark.parametrize("where", ["observe", "observed_state"])
+@pytest.mark.parametrize("where", ["observe", "Observer.state"])
 def test_a_failure_inside_the_plugin_keeps_sglangs_order(monkeypatch, caplog, where):
     t0 = Task("t0", 0.0, (Stage("s", "eng", 8, 300),))
     t1 = Task("t1", 0.0, (Stage("a", "pm", 8, 2),))
@@ -321,7 +321,8 @@ def test_a_failure_inside_the_plugin_keeps_sglangs_order(monkeypatch, caplog, wh
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError(f"injected fault in {where}")
 
-    monkeypatch.setattr(controller_mod, where, broken)
+    owner, _, name = where.rpartition(".")  # the adapter, or the state builder's method
+    monkeypatch.setattr(getattr(controller_mod, owner) if owner else controller_mod, name, broken)
     cache = make_cache("topas")
     cache_prompt(cache, PROMPTS["eng"])
     policy = schedule_policy(cache)
@@ -334,6 +335,146 @@ def test_a_failure_inside_the_plugin_keeps_sglangs_order(monkeypatch, caplog, wh
     controller = controller_of(cache)
     assert controller.stats.fallbacks == 3 and controller.held_rids == frozenset()
     assert sum("injected fault" in r.getMessage() for r in caplog.records) <= 1  # logged once
+
+
+# ---------------------------------------------------------------------- hot path
+
+
+def test_the_adapter_reuses_what_a_request_has_not_changed():
+    # Round after round a waiting request's metadata and Request are the same: the memo
+    # returns the very objects; a request that decoded a token gets a new Request, and
+    # the memo keeps only the requests of the last round.
+    t0 = Task("t0", 0.0, (Stage("a", "pm", 8, 5),))
+    t1 = Task("t1", 0.0, (Stage("b", "eng", 8, 5),))
+    a, b, plain = stage_req(t0, "a"), stage_req(t1, "b"), make_req("plain", [1, 2])
+    memo, releases = {}, {}
+    first = observe([a, plain], [b], releases, memo)
+    again = observe([a, plain], [b], releases, memo)
+    assert again.requests == first.requests == observe([a, plain], [b], dict(releases)).requests
+    assert all(x is y for x, y in zip(again.requests, first.requests, strict=True))
+    b.output_ids.append(7)
+    third = observe([a], [b], releases, memo)
+    assert third.requests[0] is first.requests[0] and third.requests[1].generated == 1
+    assert set(memo) == {id(a), id(b)} and third.untagged == []
+
+
+def test_a_spent_time_budget_keeps_sglangs_order():
+    # budget_ms bounds the plugin's mean planning time per round: with a budget far
+    # below one plan's cost, the rounds after the first keep SGLang's order (counted in
+    # over_budget) until the budget is earned back; with budget_ms 0 every round plans.
+    from sglang.srt.mem_cache.utils import get_eviction_strategy
+
+    t0 = Task("t0", 0.0, (Stage("s", "eng", 8, 300),))
+    t1 = Task("t1", 0.0, (Stage("a", "pm", 8, 2), Stage("b", "qa", 8, 2, ("a",))))
+    plain = make_cache("lru")
+    cache_prompt(plain, PROMPTS["eng"])
+    reqs = [stage_req(t1, "a"), stage_req(t0, "s")]
+    sglang_order = _rids(_queue(schedule_policy(plain), reqs))
+    orders = {}
+    for budget in (1e-6, 0):
+        cache = make_cache("topas")
+        controller_of(cache).budget_ms = budget
+        cache_prompt(cache, PROMPTS["eng"])
+        policy = schedule_policy(cache)
+        orders[budget] = [_rids(_queue(policy, [*reqs, make_req(f"x{i}", [9, i])]))[:2]
+                          for i in range(4)]  # fmt: skip
+        stats = controller_of(cache).stats
+        assert stats.rounds + stats.over_budget == 4
+        if budget:
+            assert stats.rounds == 1 and stats.over_budget == 3
+        else:
+            assert stats.rounds == 4 and stats.over_budget == 0
+    assert orders[0][0] != sglang_order  # TOPAS's order ...
+    assert orders[1e-6][0] == orders[0][0]  # ... in the planned round
+    assert orders[1e-6][1:] == [sglang_order] * 3  # SGLang's once the budget is spent
+    with pytest.raises(ValueError, match="budget_ms: a number of ms per round >= 0"):
+        get_eviction_strategy("topas", {"budget_ms": -1})
+
+
+# ---------------------------------------------------------------------- HiCache
+
+
+def test_a_prompt_in_host_memory_is_a_swap_away_not_absent():
+    # With HiCache a prompt evicted from the device keeps its host copy (the node is
+    # `evicted` and `backuped`). SGLang's host pool needs CUDA (pool_host/common.py,
+    # _cuda_host_register), so this host copy is made by hand on a real tree: pm's prompt
+    # nodes lose their device value and keep a host value. TOPAS then sees pm on the host
+    # (a swap at the default profile's host rate), eng on the device, qa nowhere (a
+    # recompute), and without a host tier no prompt has a host copy.
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    from topas.instance import HostLoad
+    from topas.state import PrefixStatus
+    from topas.timing import linear_cost
+    from topas_sglang.controller import HOST_TIER, host_prefix_len
+
+    teach = [stage_req(Task(f"k{a}", 0.0, (Stage("s", a, 4, 1),)), "s") for a in PROMPTS]
+    seen = {}
+    for hicache in (False, True):
+        cache = make_cache("topas")
+        for agent in ("pm", "eng"):
+            cache_prompt(cache, PROMPTS[agent])
+        controller = controller_of(cache)
+        if hicache:
+            cache.tree_core.set_hicache_enabled()
+            node = cache.tree_core.root_node
+            while node.children:  # down pm's prompt (its own branch: prompts are disjoint)
+                node = next(
+                    n for n in node.children.values() if n.key.token_ids[0] in PROMPTS["pm"]
+                )
+                data = node.component_data[ComponentType.FULL]
+                data.host_value, data.value = data.value.clone(), None
+            key = RadixKey(array("q", PROMPTS["pm"]))
+            assert host_prefix_len(cache.tree_core, key, 1) == len(PROMPTS["pm"])
+            assert cached_len(cache, PROMPTS["pm"]) == 0  # not on the device
+        _queue(schedule_policy(cache), teach)  # the controller learns the three prompts
+        state = controller._state(observe(teach, [], {}), time.perf_counter())
+        seen[hicache] = {a: (p.status, p.host_copy) for a, p in state.prefixes.items()}
+        if hicache:
+            assert isinstance(controller._server_spec().prefix_load, HostLoad)
+            policy = controller._policy_for(state)
+            pred = policy._pred
+            swap = pred.load(state, "pm")
+            assert swap == pytest.approx(HOST_TIER.swap_s(len(PROMPTS["pm"])))
+            per_token = linear_cost(controller._server_spec()).prefill_token_s
+            assert pred.load(state, "qa") == pytest.approx(len(PROMPTS["qa"]) * per_token)
+            assert 0 < swap < len(PROMPTS["pm"]) * per_token  # the swap is the cheaper way
+    here, gone = PrefixStatus.RESIDENT, PrefixStatus.ABSENT
+    assert seen[False] == {"pm": (here, None), "eng": (here, None), "qa": (gone, None)}
+    assert seen[True] == {"pm": (gone, True), "eng": (here, True), "qa": (gone, False)}
+
+
+# ---------------------------------------------------------------------- finish signals
+
+
+def test_a_stage_is_finished_only_on_sglangs_finish_signal():
+    # t0 is a -> b. Round 1 sees a queued. Then a is in neither queue nor batch, as while
+    # SGLang prefills it in chunks, or after an abort: not finished, so b is not yet
+    # counted ready. Released unfinished (a retraction) or aborted: still not finished.
+    # Released with a finish reason (the cache's on_release, hooked): finished.
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+
+    t0 = Task("t0", 0.0, (Stage("a", "pm", 8, 2), Stage("b", "eng", 8, 2, ("a",))))
+    t1 = Task("t1", 0.0, (Stage("c", "qa", 8, 2),))
+    cache = make_cache("topas")
+    policy, controller = schedule_policy(cache), controller_of(cache)
+    a, c = stage_req(t0, "a"), stage_req(t1, "c")
+    _queue(policy, [a, c])
+    _queue(policy, [c, make_req("x", [1])])  # a is gone: no signal, not finished
+    assert controller.finished.get("t0", set()) == set()
+    cache.on_release(a, checkpointed=False)  # retracted: released unfinished
+    a.finished_reason = FINISH_ABORT("client went away")
+    cache.on_release(a, checkpointed=False)
+    assert controller.finished.get("t0", set()) == set() and controller.stats.finished == 0
+    a.finished_reason = FINISH_LENGTH(length=2)
+    cache.on_release(a, checkpointed=True)  # SGLang's finish signal
+    assert controller.finished["t0"] == {"a"} and controller.stats.finished == 1
+    b = stage_req(t0, "b")
+    _queue(policy, [c, b])  # b is sent: a stays finished, no reappearance
+    assert controller.finished["t0"] == {"a"} and controller.stats.reappeared == 0
+    lru = make_cache("lru")
+    lru.on_release(a, checkpointed=True)  # SGLang alone: the hook passes through
+    assert controller_of(lru) is None
 
 
 # ---------------------------------------------------------------------- retraction

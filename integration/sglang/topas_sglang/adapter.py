@@ -59,6 +59,11 @@ def _decode_raw(raw: str) -> StageMeta:
 _TASKS: dict[str, Task] = {}  # task id -> the Task its decoded requests share
 
 
+def _finished(req: Any) -> bool:
+    done = getattr(req, "finished", None)
+    return bool(done()) if callable(done) else False
+
+
 def queued_at(req: Any) -> float:
     """When ``req`` entered the waiting queue (SGLang's perf_counter clock)."""
     stats = getattr(req, "time_stats", None)
@@ -70,38 +75,74 @@ def queued_at(req: Any) -> float:
 
 
 def observe(
-    waiting: Iterable[Any], running: Iterable[Any], releases: MutableMapping[str, float]
+    waiting: Iterable[Any],
+    running: Iterable[Any],
+    releases: MutableMapping[str, float],
+    memo: Memo | None = None,
 ) -> Observation:
     """Tagged requests of ``waiting`` (in queue order) and ``running``; ``releases``
-    remembers when each task was first seen (its release on the engine's clock)."""
+    remembers when each task was first seen (its release on the engine's clock).
+
+    ``memo``, kept by a caller that observes round after round, remembers per request
+    (while it is queued or running) its decoded metadata and the ``Request`` built for it,
+    which is reused while its queue time, phase and output length are unchanged: a
+    waiting request's are the same every round. It is replaced in place by this round's
+    requests only."""
     obs = Observation()
+    told: dict[str, Mapping[str, int]] = {}  # task -> the prompt lengths it tells
+    own: dict[str, int] = {}  # agent -> its prompt length, as its own request says
+    last = dict(memo) if memo is not None else {}
+    seen: Memo = {}
     for reqs, is_running in ((waiting, False), (running, True)):
         for req in reqs:
-            try:
-                meta = metadata(req)
-            except MetadataError as e:
+            if _finished(req):  # SGLang is done with it: its finish signal comes on release
+                continue
+            hit = last.get(id(req))
+            if hit is None or hit[0] is not req:
+                hit = (req, _metadata_or_error(req), None)
+            seen[id(req)] = hit
+            meta = hit[1]
+            if isinstance(meta, MetadataError):
                 obs.untagged.append(req)
-                if "missing" not in str(e):
-                    obs.errors.append(f"{getattr(req, 'rid', '?')}: {e}")
+                if "missing" not in str(meta):
+                    obs.errors.append(f"{getattr(req, 'rid', '?')}: {meta}")
                 continue
             if meta.ref in obs.reqs:  # one stage sent twice: leave both to SGLang
                 obs.untagged.append(req)
                 obs.errors.append(f"{getattr(req, 'rid', '?')}: stage {meta.ref} twice")
                 continue
             t = queued_at(req)
-            release = releases.setdefault(meta.task.id, t)
-            obs.requests.append(
-                Request(
-                    task=meta.task,
-                    stage=meta.stage,
-                    release=min(release, t),
-                    queued_at=t,
-                    running=is_running,
-                    generated=len(getattr(req, "output_ids", ()) or ()),
-                )
-            )
+            release = min(releases.setdefault(meta.task.id, t), t)
+            generated = len(getattr(req, "output_ids", ()) or ())
+            r = hit[2]
+            if r is None or (r.queued_at, r.running, r.generated, r.release) != (
+                t,
+                is_running,
+                generated,
+                release,
+            ):
+                r = Request(meta.task, meta.stage, release, t, is_running, generated=generated)
+                seen[id(req)] = (req, meta, r)
+            obs.requests.append(r)
             obs.reqs[meta.ref] = req
-            for agent, n in meta.prefixes.items():  # the task's other agents, as told
-                obs.prefix_tokens.setdefault(agent, n)
-            obs.prefix_tokens[meta.agent] = meta.prefix_tokens
+            told.setdefault(meta.task.id, meta.prefixes)
+            own[meta.agent] = meta.prefix_tokens
+    for prefixes in told.values():  # the tasks' other agents, as their first request tells
+        for agent, n in prefixes.items():
+            obs.prefix_tokens.setdefault(agent, n)
+    obs.prefix_tokens.update(own)  # a request's own agent, as it says (the last one wins)
+    if memo is not None:
+        memo.clear()
+        memo.update(seen)
     return obs
+
+
+def _metadata_or_error(req: Any) -> StageMeta | MetadataError:
+    try:
+        return metadata(req)
+    except MetadataError as e:
+        return e
+
+
+Memo = dict[int, tuple[Any, "StageMeta | MetadataError", "Request | None"]]
+"""id(req) -> (req, its metadata or why it has none, the Request last built for it)."""

@@ -5,12 +5,15 @@ strategy creates it (:mod:`topas_sglang.retention`). At each ``calc_priority`` c
 :meth:`Controller.plan_round`
 
 1. reads the tagged requests (:func:`topas_sglang.adapter.observe`), remembering each
-   task's release (when the scheduler first saw it) and the stages it saw finish (a stage
-   seen queued or running, then gone from both);
+   task's release (when the scheduler first saw it); the stages that finished are those
+   SGLang signalled finished (:meth:`Controller.stage_finished`, called from a hook on the
+   cache's ``on_release``), never inferred from a request's absence: a request being
+   prefilled in chunks, or aborted, is in neither the queue nor the batch;
 2. finds which agents' system prompts are cached on the device: a read-only match of each
    agent's prompt tokens in the tree (no LRU touch, no split); the node it ends in is
    *the agent's prompt node*;
-3. builds the :class:`~topas.state.State` (:func:`topas.observe.observed_state`) and runs
+3. builds the :class:`~topas.state.State` (:class:`topas.observe.Observer`, which keeps
+   an unchanged task's epoch, so the policy's per-task analyses carry over) and runs
    the policy (``topas`` unless configured otherwise) on it: the very code the simulator
    runs, no second copy;
 4. turns the :class:`~topas.state.Decision` into SGLang terms: a waiting-queue order, the
@@ -25,7 +28,6 @@ to read the chunked-prefill size from its server args.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -35,20 +37,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from topas.instance import ServerSpec, StageRef
+from topas.instance import RecomputeLoad, ServerSpec
 from topas.kv import sglang_kv_need
-from topas.observe import observed_state
+from topas.observe import Observer
 from topas.policies import make_policy
 from topas.policies.base import Policy, PolicyContext
+from topas.profiles import DEFAULT_PROFILE, get_profile
 from topas.state import Decision, State
-from topas_sglang.adapter import Observation, observe
+from topas.workflow_metadata import MetadataError
+from topas_sglang.adapter import Memo, Observation, metadata, observe
 from topas_sglang.metrics import Exporter, metrics_enabled
 
 logger = logging.getLogger("topas_sglang")
 
 DEFAULT_CHUNK = 8192  # SGLang's chunked-prefill size when the server args give none
 REPLAN_S = 0.1  # an unchanged queue, batch and tree are re-planned after this long
-MAX_TRACKED_TASKS = 100_000  # finished-stage records kept for tasks still in flight
+MAX_TRACKED_TASKS = 100_000  # tasks remembered (release, finished stages) before the
+# ones not in flight are forgotten
 
 KeyFactory = Callable[[array], Any]  # prompt token ids -> the tree's key (RadixKey)
 
@@ -65,7 +70,9 @@ class Stats:
     fallbacks: int = 0  # rounds that fell back to SGLang's order after an error
     decide_s: float = 0.0  # seconds inside plan_round / retraction_order
     malformed: int = 0  # sightings (per planned round) of requests whose metadata failed
-    reappeared: int = 0  # stages taken for finished (gone from queue and batch) seen again
+    finished: int = 0  # SGLang's finish signals for tagged requests
+    reappeared: int = 0  # stages signalled finished, then seen queued or running again
+    over_budget: int = 0  # rounds that kept SGLang's order: the time budget was spent
 
     def line(self) -> str:
         """One log line (``topas stats: key=value ...``), which the live bench reads."""
@@ -74,7 +81,8 @@ class Stats:
             f"topas stats: rounds={self.rounds} reused={self.reused} "
             f"reordered={self.reordered} held={self.held} "
             f"retraction_orders={self.retraction_orders} fallbacks={self.fallbacks} "
-            f"malformed={self.malformed} reappeared={self.reappeared} "
+            f"malformed={self.malformed} finished={self.finished} "
+            f"reappeared={self.reappeared} over_budget={self.over_budget} "
             f"decide_s={self.decide_s:.6f} "
             f"decide_ms_per_call={per_round:.4f}"
         )
@@ -83,6 +91,17 @@ class Stats:
 STATS_EVERY = 20
 """Planned rounds between two ``topas stats`` log lines (and at every power of two, so
 a short run logs its counters too)."""
+
+
+DEFAULT_BUDGET_MS = 1.0
+"""The plugin's mean planning time per scheduling round, in ms (``budget_ms`` in
+``--radix-eviction-policy-config``; 0 turns the budget off). 1 ms is about 15% of the
+shortest decode iteration of the calibrated Llama-3-8B/H100 profile (6.9 ms at a batch of
+8 with 2,000-token contexts; 13 ms at 64; ``docs/calibration.md``) and about half of what
+SGLang's own lpm ordering takes at 100 waiting requests on this project's 2-core CPU."""
+
+BURST_ROUNDS = 10
+"""Rounds' worth of unspent budget a controller may save up for a costly round."""
 
 
 DEFAULT_POLICY = "topas-greedy"
@@ -96,6 +115,7 @@ class Controller:
     """TOPAS for one SGLang scheduler (see the module docstring)."""
 
     policy_spec: str = DEFAULT_POLICY
+    budget_ms: float = DEFAULT_BUDGET_MS  # mean planning time per round; 0: no budget
     key_factory: KeyFactory | None = None  # set by the plugin: RadixKey
     held_rids: frozenset[str] = frozenset()  # this round's hold-backs (read by PrefillAdder)
     ranks: dict[int, tuple] = field(default_factory=dict)  # prompt node id -> eviction rank
@@ -103,13 +123,18 @@ class Controller:
 
     def __post_init__(self) -> None:
         make_policy(self.policy_spec)  # a bad spec fails at server start, not mid-run
+        ms = self.budget_ms
+        if isinstance(ms, bool) or not (isinstance(ms, int | float) and 0 <= ms < math.inf):
+            raise ValueError(f"budget_ms: a number of ms per round >= 0 expected, got {ms!r}")
+        self.credit = 0.0  # seconds of planning this controller may still spend
         self.cache: Any = None
         self.releases: dict[str, float] = {}  # task -> first seen (perf_counter clock)
-        self.stamps = itertools.count(1)  # one counter for every observed state: epochs
-        # never repeat between rounds
-        self.finished: dict[str, set[str]] = {}  # task -> stages seen finishing
+        self.observer = Observer()  # keeps an unchanged task's epoch between rounds
+        self._memo: Memo = {}  # per live request: its metadata and Request (adapter.observe)
+        self.finished: dict[str, set[str]] = {}  # task -> stages SGLang signalled finished
         self.task_size: dict[str, int] = {}
-        self.in_flight: set[StageRef] = set()  # stages queued or running at the last look
+        self._active: set[str] = set()  # tasks with a stage queued or running at the last look
+        self._signalled: set[str] = set()  # tasks with a finish signal since then
         self.prompt_ids: dict[str, array] = {}  # agent -> its system-prompt token ids
         self.prefix_tokens: dict[str, int] = {}
         self.prompt_nodes: dict[str, int] = {}  # agent -> node its cached prompt ends in
@@ -134,6 +159,10 @@ class Controller:
             self.stats.reused += 1  # nothing changed since the last plan: keep it
             return None if self._last_order is None else list(self._last_order)
         self.held_rids = frozenset()
+        if not self._within_budget():
+            self.stats.over_budget += 1
+            self.export()
+            return None  # SGLang's order this round; the last ranks keep the prompts
         self._last_key, self._last_at, self._last_order = key, now, None
         self.cache = cache
         chunked = self.chunked_req
@@ -143,7 +172,7 @@ class Controller:
             and not any(r is chunked for r in (*waiting, *running))
         ):
             running = [*running, chunked]  # mid-prefill: in flight, not finished
-        obs = observe(waiting, running, self.releases)
+        obs = observe(waiting, running, self.releases, self._memo)
         self._note_finished(obs)
         if not obs.requests:
             self.ranks = {}  # no workflow in flight: no prompt has a known next use
@@ -158,12 +187,26 @@ class Controller:
         self.stats.rounds += 1
         self.stats.held += len(held)
         self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
-        self.stats.decide_s += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        self.stats.decide_s += spent
+        self.credit -= spent
         self.export()
         r = self.stats.rounds
         if r & (r - 1) == 0 or r % STATS_EVERY == 0:  # 1, 2, 4, 8, 16, 20, 32, 40, ...
             logger.info(self.stats.line())
         return order
+
+    def _within_budget(self) -> bool:
+        """The time budget (a token bucket): each round earns ``budget_ms``, saved up to
+        :data:`BURST_ROUNDS` rounds' worth; a plan spends what it took. A round with the
+        budget overspent keeps SGLang's order, so the plugin's mean cost per round stays
+        near ``budget_ms`` however large the queue. The budget reads the wall clock, so
+        which rounds are planned can differ between runs (decisions themselves do not)."""
+        if not self.budget_ms:
+            return True
+        earn = self.budget_ms / 1e3
+        self.credit = min(self.credit + earn, BURST_ROUNDS * earn)
+        return self.credit > 0
 
     def export(self) -> None:
         """Bring SGLang's metrics up to date with :attr:`stats` (with --enable-metrics)."""
@@ -192,12 +235,24 @@ class Controller:
 
     # ------------------------------------------------------------------ observation
 
+    def stage_finished(self, req: Any) -> None:
+        """SGLang's finish signal: ``req`` completed (not aborted, not retracted) and its KV
+        was released. A request without TOPAS metadata is not ours to note."""
+        try:
+            meta = metadata(req)
+        except MetadataError:
+            return
+        self.finished.setdefault(meta.task.id, set()).add(meta.stage)
+        self.task_size[meta.task.id] = len(meta.task.stages)
+        self._signalled.add(meta.task.id)
+        self.stats.finished += 1
+        self.export()
+
     def _note_finished(self, obs: Observation) -> None:
-        """A stage seen queued or running at the last look and gone now has finished."""
+        """Counts the stages signalled finished that are seen again (the client sent one
+        twice), which are then in flight, not finished; forgets tasks done and gone."""
         present = set(obs.reqs)
-        for tid, sid in self.in_flight - present:
-            self.finished.setdefault(tid, set()).add(sid)
-        for tid, sid in present:  # sent again (after an abort, say): not finished
+        for tid, sid in present:
             done = self.finished.get(tid)
             if done and sid in done:
                 done.discard(sid)
@@ -205,12 +260,13 @@ class Controller:
         for r in obs.requests:
             self.task_size[r.task.id] = len(r.task.stages)
         active = {tid for tid, _ in present}
-        for tid, done in list(self.finished.items()):
-            if tid in active:
-                continue
-            if len(done) >= self.task_size.get(tid, 0) or len(self.finished) > MAX_TRACKED_TASKS:
+        for tid in (self._active | self._signalled) - active:  # left the view, or signalled
+            if len(self.finished.get(tid, ())) >= self.task_size.get(tid, 0):
+                self._forget(tid)  # every stage done
+        if len(self.releases) > MAX_TRACKED_TASKS:  # aborted tasks never finish
+            for tid in self.releases.keys() - active:
                 self._forget(tid)
-        self.in_flight = present
+        self._active, self._signalled = active, set()
         if obs.errors:
             if not self.stats.malformed:
                 logger.warning(
@@ -232,16 +288,17 @@ class Controller:
                 n = obs.prefix_tokens[agent]
                 self.prompt_ids[agent] = array("q", list(req.origin_input_ids[:n]))
         self.prefix_tokens.update(obs.prefix_tokens)
-        for r in obs.requests:  # an agent nobody told the length of: a prompt of 0 tokens
-            for x in r.task.stages:
+        tasks = {r.task.id: r.task for r in obs.requests}
+        for task in tasks.values():  # an agent nobody told the length of: a 0-token prompt
+            for x in task.stages:
                 self.prefix_tokens.setdefault(x.agent, 0)
         server = self._server_spec()
-        tasks = {r.task.id: r.task for r in obs.requests}
-        return observed_state(
+        resident, on_host = self._residency()
+        return self.observer.state(
             server,
             self.prefix_tokens,
             obs.requests,
-            self._resident(),
+            resident,
             now,
             sglang_kv_need(  # what SGLang's PrefillAdder reserves (topas.kv.reservation)
                 lambda ref: tasks[ref[0]].stage_by_id[ref[1]],
@@ -249,7 +306,7 @@ class Controller:
                 server.kv_capacity_tokens,
             ),
             {tid: done for tid, done in self.finished.items() if tid in tasks},
-            self.stamps,
+            on_host=on_host,
         )
 
     def _server_spec(self) -> ServerSpec:
@@ -260,25 +317,36 @@ class Controller:
                 kv_capacity_tokens=capacity,
                 chunk_tokens=_chunk_tokens(),
                 max_running=slots,
+                prefix_load=HOST_TIER.host_load() if self._hicache() else RecomputeLoad(),
             )
         return self._server
 
-    def _resident(self) -> list[str]:
-        """Agents whose whole prompt is cached on the device; notes their prompt nodes."""
+    def _hicache(self) -> bool:
+        """Whether the cache has a host tier (SGLang's HiCache, ``--enable-hierarchical-cache``)."""
+        return bool(getattr(self.cache.tree_core, "enable_hicache", False))
+
+    def _residency(self) -> tuple[list[str], list[str] | None]:
+        """The agents whose whole prompt is cached on the device (their prompt nodes are
+        noted), and, where the cache has a host tier, those whose prompt is whole in device
+        or host memory (None without one): a prompt evicted to the host is a swap away,
+        not absent."""
         tree = self.cache.tree_core
         page = max(1, int(getattr(self.cache, "page_size", 1)))
         make_key = self.key_factory
+        hicache = self._hicache()
         self.prompt_nodes = {}
-        out = []
+        device, host = [], []
         for agent, ids in self.prompt_ids.items():
             need = len(ids) // page * page
             if need == 0 or make_key is None:
                 continue
             matched, node, _ = tree.match_full_device_prefix(make_key(ids))
             if matched >= need:
-                out.append(agent)
+                device.append(agent)
                 self.prompt_nodes[agent] = node
-        return out
+            if hicache and (matched >= need or host_prefix_len(tree, make_key(ids), page) >= need):
+                host.append(agent)
+        return device, (host if hicache else None)
 
     def _policy_for(self, state: State) -> Policy:
         """The policy, rebuilt when an agent appears or its prompt length changes (the
@@ -332,6 +400,32 @@ def refill(seq: list, ranked: list, key: Callable[[Any], Any] = id) -> list:
     if Counter(map(key, out)) != Counter(map(key, seq)):
         raise ValueError("refill: the ranked items are not the slotted members")
     return out
+
+
+def host_prefix_len(tree: Any, key: Any, page: int) -> int:
+    """Tokens of ``key`` whose KV the tree holds on the device or in host memory: a
+    read-only walk, as SGLang's ``match_full_device_prefix`` does for the device (no LRU
+    touch, no split), that also passes a node evicted from the device while it has a host
+    copy (``evicted`` and ``backuped``, HiCache's own test in ``_match_prefix_helper``)."""
+    key, _ = key.maybe_to_bigram_view(getattr(tree, "is_eagle", False))
+    key = key.page_aligned(page)
+    node, matched = tree.root_node, 0
+    while len(key) > 0:
+        child = node.children.get(key.child_key(page))
+        if child is None or (child.evicted and not child.backuped):
+            break
+        n = child.key.match(key, page_size=page)
+        matched += n
+        if n == 0 or n < len(child.key):
+            break
+        node, key = child, key[n:]
+    return matched
+
+
+HOST_TIER = get_profile(DEFAULT_PROFILE)
+"""The host link TOPAS prices a HiCache swap with: the default profile's (its ``B_swap``
+and KV bytes per token, ``docs/calibration.md``), as the calibrated timing model's default
+prices compute."""
 
 
 def _chunk_tokens() -> int:

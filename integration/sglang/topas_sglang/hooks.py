@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any
 
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
 from topas_sglang.retention import active, controller_of
@@ -112,6 +113,22 @@ def retraction_order(original, reqs):  # type: ignore[no-untyped-def]
     except Exception as e:  # noqa: BLE001
         _fell_back("retraction order", e, None)
         return order
+
+
+def request_released(original, cache, req, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """AROUND ``UnifiedRadixCache.on_release``, which ``release_kv_cache`` calls once a
+    request's KV row is freed: when the request has finished (SGLang set its
+    ``finished_reason``, and not to an abort), that is the stage's finish signal. A
+    retracted request is released unfinished and goes back to the queue."""
+    result = original(cache, req, *args, **kwargs)
+    if req.finished() and not isinstance(req.finished_reason, FINISH_ABORT):
+        controller = controller_of(cache)
+        if controller is not None:
+            try:
+                controller.stage_finished(req)
+            except Exception as e:  # noqa: BLE001
+                _fell_back("finish signal", e, None)
+    return result
 
 
 def tree_core_backend(original, params):  # type: ignore[no-untyped-def]

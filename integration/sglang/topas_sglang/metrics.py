@@ -3,13 +3,16 @@
 SGLang serves Prometheus metrics at ``/metrics`` and collects counters that scheduler
 processes create with ``prometheus_client`` (as ``observability/cpu_monitor.py`` does).
 When metrics are enabled, each controller exports its :class:`~topas_sglang.controller.Stats`
-as counters, brought up to date after every planned round and every fallback:
+as counters, brought up to date after every planned round, finish signal and fallback:
 
 - ``topas:plan_rounds_total``: rounds planned afresh;
 - ``topas:plan_seconds_total``: seconds spent planning (rounds and retraction orders);
 - ``topas:held_requests_total``: requests held back, summed over rounds;
 - ``topas:fallbacks_total``: rounds that fell back to SGLang's own order after an error;
-- ``topas:reappeared_total``: stages taken for finished and seen again.
+- ``topas:over_budget_rounds_total``: rounds that kept SGLang's order because the
+  planning-time budget was spent;
+- ``topas:finished_stages_total``: SGLang's finish signals for tagged requests;
+- ``topas:reappeared_total``: stages signalled finished and then seen again.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ COUNTERS = {
     "decide_s": ("topas:plan_seconds_total", "Seconds TOPAS spent planning"),
     "held": ("topas:held_requests_total", "Requests TOPAS held back, summed over rounds"),
     "fallbacks": ("topas:fallbacks_total", "Rounds that fell back to SGLang's order"),
-    "reappeared": ("topas:reappeared_total", "Stages taken for finished and seen again"),
+    "over_budget": ("topas:over_budget_rounds_total", "Rounds over TOPAS's time budget"),
+    "finished": ("topas:finished_stages_total", "Stages SGLang signalled finished"),
+    "reappeared": ("topas:reappeared_total", "Stages signalled finished and seen again"),
 }
 """Stats field -> (metric name, help)."""
 

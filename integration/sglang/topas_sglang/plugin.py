@@ -13,7 +13,9 @@ radix cache exist. It registers, for SGLang 0.5.23 only:
 - an AROUND hook on ``ServerArgs.check_server_args`` (:func:`check_topas_args`: what the
   plugin refuses or warns about at start-up, before SGLang's own checks);
 - an AROUND hook on ``create_tree_cache`` (a warning when the cache built is one the
-  ``topas`` strategy cannot attach to).
+  ``topas`` strategy cannot attach to);
+- an AROUND hook on ``UnifiedRadixCache.on_release`` (SGLang's finish signal: a request
+  released finished, not aborted, marks its stage done).
 
 Without ``--radix-eviction-policy topas`` every hook passes SGLang's own result through.
 """
@@ -42,6 +44,10 @@ HOOKS = {
     ),
     "sglang.srt.server_args.ServerArgs.check_server_args": ("check_server_args", "AROUND"),
     "sglang.srt.mem_cache.registry.create_tree_cache": ("tree_cache_built", "AROUND"),
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.on_release": (
+        "request_released",
+        "AROUND",
+    ),
 }
 """Target -> (function in :mod:`topas_sglang.hooks`, hook type)."""
 

@@ -20,8 +20,9 @@ its own policy names); the plugin selects it when this strategy is configured.
 
 Each strategy owns the :class:`~topas_sglang.controller.Controller` of its scheduler:
 configured with ``--radix-eviction-policy topas``, and optionally
-``--radix-eviction-policy-config '{"policy": "topas-greedy:horizon=2"}'`` (a TOPAS policy
-spec; the default is ``controller.DEFAULT_POLICY``).
+``--radix-eviction-policy-config '{"policy": "topas-greedy:horizon=2", "budget_ms": 1.0}'``
+(a TOPAS policy spec, the default ``controller.DEFAULT_POLICY``; the mean planning time per
+round, the default ``controller.DEFAULT_BUDGET_MS``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from topas_sglang.controller import DEFAULT_POLICY, Controller
+from topas_sglang.controller import DEFAULT_BUDGET_MS, DEFAULT_POLICY, Controller
 
 NAME = "topas"
 """The eviction-policy name (``--radix-eviction-policy topas``)."""
@@ -49,9 +50,9 @@ def active() -> Controller | None:
 class TopasRetention(EvictionStrategy):
     """See the module docstring."""
 
-    def __init__(self, policy: str = DEFAULT_POLICY) -> None:
+    def __init__(self, policy: str = DEFAULT_POLICY, budget_ms: float = DEFAULT_BUDGET_MS) -> None:
         global _active
-        self.controller = Controller(policy_spec=policy, key_factory=RadixKey)
+        self.controller = Controller(policy_spec=policy, budget_ms=budget_ms, key_factory=RadixKey)
         _active = weakref.ref(self.controller)
 
     def get_priority(self, node: Any) -> tuple:
