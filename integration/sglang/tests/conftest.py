@@ -16,7 +16,6 @@ sglang = pytest.importorskip("sglang")
 
 from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
@@ -53,8 +52,9 @@ def make_req(rid: str, tokens, custom_params=None, max_new: int = 4) -> Req:  # 
 
 def cache_prompt(cache, tokens) -> None:  # type: ignore[no-untyped-def]
     """Put ``tokens`` in the tree, as a finished request leaves its prompt."""
-    value = cache.token_to_kv_pool_allocator.alloc(len(tokens))
-    cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
+    from topas_sglang.cpu_loop import insert_prompt
+
+    insert_prompt(cache, tokens)
 
 
 def cached_len(cache, tokens) -> int:  # type: ignore[no-untyped-def]

@@ -29,6 +29,7 @@ from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult, SchedulePolicy
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import (
     checkpoint_kv_cache,
@@ -36,6 +37,7 @@ from sglang.srt.mem_cache.common import (
     release_kv_cache,
 )
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -100,6 +102,20 @@ def make_cache(
     ))  # fmt: skip
 
 
+def payload_req(body: dict) -> Req:
+    """The scheduler's ``Req`` for a ``/generate`` body (``topas serve-bench``'s payload)."""
+    params = SamplingParams(**body["sampling_params"])
+    params.normalize(None)
+    ids = array("q", body["input_ids"])
+    return Req(rid=body["rid"], origin_input_text="", origin_input_ids=ids, sampling_params=params)
+
+
+def insert_prompt(cache: UnifiedRadixCache, tokens: list[int]) -> None:
+    """Put ``tokens`` in the tree, as a finished request leaves its prompt."""
+    value = cache.token_to_kv_pool_allocator.alloc(len(tokens))
+    cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
+
+
 class CpuLoop:
     """One replay (see the module docstring)."""
 
@@ -124,6 +140,9 @@ class CpuLoop:
             s.input_tokens + s.output_tokens for t in instance.tasks for s in t.stages
         )
         self.cache = make_cache(eviction, kv, slots, max_context=longest + 8)
+        controller = controller_of(self.cache)
+        if controller is not None:  # the replay's clock is simulated and charges no planning
+            controller.budget_ms = 0  # time: a wall-clock budget would only add noise
         self.rtp = self.cache.req_to_token_pool
         self.alloc = self.cache.token_to_kv_pool_allocator
         self.policy = SchedulePolicy(schedule_policy, self.cache, False, False, False)
@@ -173,13 +192,7 @@ class CpuLoop:
     def _send(self, ref: StageRef) -> None:
         """The client sends the stage's request (as ``topas serve-bench`` does)."""
         task = self.inst.task_by_id[ref[0]]
-        body = stage_payload(self.inst, task, ref[1], self.prefixes, self.seed)
-        params = SamplingParams(**body["sampling_params"])
-        params.normalize(None)
-        ids = array("q", body["input_ids"])
-        req = Req(
-            rid=body["rid"], origin_input_text="", origin_input_ids=ids, sampling_params=params
-        )
+        req = payload_req(stage_payload(self.inst, task, ref[1], self.prefixes, self.seed))
         req.time_stats.wait_queue_entry_time = EPOCH + self.t
         self.waiting.append(req)
 
