@@ -108,6 +108,19 @@ def test_ablation_table_matches_its_summary(topas_md: str) -> None:
                 assert numbers(d) == numbers(w) or numbers(d) == [0.0], (name, d, w)
 
 
+def test_sop_tradeoff_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(topas_md, "| policy | mean, 1.0 | mean, 1.2 |")
+    summary = (DOCS / "results" / "sop_tradeoff" / "summary.md").read_text()
+    means = table(section(summary, "## mean JCT per policy"), "| workload | load |")
+    p99s = table(section(summary, "## p99 JCT per policy"), "| workload | load |")
+    header = next(line for line in summary.splitlines() if line.startswith("| workload | load |"))
+    policies = [c.strip() for c in header.strip("|").split("|")][2:]
+    for row in docs:
+        col = 2 + policies.index(row[0].strip("`"))
+        want = [float(r[col]) for r in means] + [float(r[col]) for r in p99s]
+        assert [float(x) for x in row[1:]] == want, row
+
+
 def test_every_cited_summary_is_committed(topas_md: str) -> None:
     cited = set(re.findall(r"\(results/([\w-]+)/summary\.md\)", topas_md))
     assert cited >= {"paper", "paper-greedy", "gap", "compare", "ablation", "starvation"}
