@@ -37,7 +37,7 @@ from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
-from topas.studies import StudyParams, rows_to_csv, run_jobs, write_outputs
+from topas.studies import StudyParams, run_jobs, study_files, write_outputs
 from topas.studies import config_json as study_config_json
 from topas.studies.gap import TUNING_SEED_MIN
 from topas.workloads import WORKLOADS, generate
@@ -306,11 +306,7 @@ def run_study(
     wall_s = time.perf_counter() - start
     summary = summarize(rows, cfg, command, wall_s)
     params = {**cfg.to_json(), "runs": len(rows), "wall_s": round(wall_s, 3)}
-    files: dict[str, str | bytes] = {
-        "config.json": config_json(study, params, command),
-        "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
-        "summary.md": summary,
-    }
+    files = study_files(study, with_split(params), command, rows, summary, RUN_COLUMNS)
     files.update({name: render(rows, cfg) for name, render in plots.items()})
     write_outputs(Path(cfg["out"]), files)
     print(summary, end="")
@@ -320,7 +316,12 @@ def run_study(
 def config_json(study: str, params: Mapping[str, Any], command: str) -> str:
     """config.json (:func:`topas.studies.config_json`) with the simulation studies' seed
     split and timing."""
-    return study_config_json(study, {**params, "seed_split": SEED_SPLIT, "timing": TIMING}, command)
+    return study_config_json(study, with_split(params), command)
+
+
+def with_split(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A simulation study's parameters with its seed split and timing, for config.json."""
+    return {**params, "seed_split": SEED_SPLIT, "timing": TIMING}
 
 
 def runtime_line(rows: Sequence[Mapping[str, Any]], wall_s: float, n_jobs: int) -> str:

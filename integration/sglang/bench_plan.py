@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from topas.studies import StudyParams, config_json, md_table, rows_to_csv, write_outputs
+from topas.studies import StudyParams, md_table, study_files, write_outputs
 
 RUNNING = 8
 
@@ -143,11 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         params = StudyParams({"waiting": sizes, "policies": specs, "rounds": args.rounds,
                               "budget_ms": args.budget_ms})  # fmt: skip
-        write_outputs(Path(args.out), {
-            "config.json": config_json("plugin plan cost", params.to_json(), command),
-            "runs.csv": rows_to_csv(rows),
-            "summary.md": text,
-        })  # fmt: skip
+        files = study_files("plugin plan cost", params.to_json(), command, rows, text)
+        write_outputs(Path(args.out), files)
     print(text, end="")
     return 0
 

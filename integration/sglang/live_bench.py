@@ -40,7 +40,7 @@ from topas.instance import Instance
 from topas.results import write_result
 from topas.runs import run_policy
 from topas.serve_bench import run_live
-from topas.studies import StudyParams, config_json, md_table, rows_to_csv, write_outputs
+from topas.studies import StudyParams, md_table, study_files, write_outputs
 from topas.workloads import generate
 from topas_sglang.fake_server import FakeServer
 
@@ -232,11 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                     rows.append(row)
     text = summary_md(rows, command)
-    write_outputs(out, {
-        "config.json": config_json("live bench", params.to_json(), command),
-        "runs.csv": rows_to_csv(rows),
-        "summary.md": text,
-    })  # fmt: skip
+    write_outputs(out, study_files("live bench", params.to_json(), command, rows, text))
     print(text, end="")
     return 0
 

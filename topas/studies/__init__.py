@@ -234,6 +234,23 @@ def config_json(study: str, params: Mapping[str, Any], command: str) -> str:
     return json.dumps(config_document(study, params, command), indent=1) + "\n"
 
 
+def study_files(
+    study: str,
+    params: Mapping[str, Any],
+    command: str,
+    rows: Sequence[Mapping[str, Any]],
+    summary: str,
+    columns: Sequence[str] = (),
+) -> dict[str, str | bytes]:
+    """The files every study writes (config.json, runs.csv, summary.md), rendered, for
+    :func:`write_outputs`; a study adds its plots to the mapping."""
+    return {
+        "config.json": config_json(study, params, command),
+        "runs.csv": rows_to_csv(rows, columns),
+        "summary.md": summary,
+    }
+
+
 # --------------------------------------------------------------------------- policies
 
 
