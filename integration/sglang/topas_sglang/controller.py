@@ -105,9 +105,10 @@ BURST_ROUNDS = 10
 
 
 DEFAULT_POLICY = "topas-greedy"
-"""The plugin's default: the single-pass scorer. The search (``topas``) has not yet been
-run in SGLang's live loop, where a round's order, hold-backs and retractions are applied by
-SGLang itself (issue 12); pass ``{"policy": "topas"}`` to try it."""
+"""The plugin's default: the single-pass scorer, a little cheaper per round than the search
+(``integration/sglang/bench_plan.py``). The search (``{"policy": "topas"}``) runs in the
+live bench (``integration/sglang/live_bench.py``), where on small instances it has shown
+no gain over SGLang's own order (the scorer was not run there); the default stays."""
 
 
 @dataclass
