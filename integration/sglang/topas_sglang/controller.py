@@ -154,13 +154,14 @@ class Controller:
         """The waiting queue in TOPAS's order (same members), or None when no request
         carries TOPAS metadata. Sets :attr:`held_rids` and :attr:`ranks`."""
         start = time.perf_counter()
+        self._earn()
         key = (tuple(map(id, waiting)), tuple(map(id, running)), cache.evictable_size(),
                cache.protected_size())  # fmt: skip
         if key == self._last_key and now - self._last_at < REPLAN_S:
             self.stats.reused += 1  # nothing changed since the last plan: keep it
             return None if self._last_order is None else list(self._last_order)
         self.held_rids = frozenset()
-        if not self._within_budget():
+        if self.budget_ms and self.credit <= 0:
             self.stats.over_budget += 1
             self.export()
             return None  # SGLang's order this round; the last ranks keep the prompts
@@ -197,17 +198,14 @@ class Controller:
             logger.info(self.stats.line())
         return order
 
-    def _within_budget(self) -> bool:
-        """The time budget (a token bucket): each round earns ``budget_ms``, saved up to
-        :data:`BURST_ROUNDS` rounds' worth; a plan spends what it took. A round with the
-        budget overspent keeps SGLang's order, so the plugin's mean cost per round stays
-        near ``budget_ms`` however large the queue. The budget reads the wall clock, so
-        which rounds are planned can differ between runs (decisions themselves do not)."""
-        if not self.budget_ms:
-            return True
+    def _earn(self) -> None:
+        """The time budget (a token bucket): every scheduling round earns ``budget_ms``,
+        saved up to :data:`BURST_ROUNDS` rounds' worth; a plan spends what it took. A round
+        that finds the budget overspent keeps SGLang's order, so the plugin's mean cost per
+        round stays near ``budget_ms`` however large the queue. The budget reads the wall
+        clock, so which rounds are planned can differ between runs (decisions do not)."""
         earn = self.budget_ms / 1e3
         self.credit = min(self.credit + earn, BURST_ROUNDS * earn)
-        return self.credit > 0
 
     def export(self) -> None:
         """Bring SGLang's metrics up to date with :attr:`stats` (with --enable-metrics)."""
