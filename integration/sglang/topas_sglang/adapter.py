@@ -91,7 +91,7 @@ def observe(
     obs = Observation()
     told: dict[str, Mapping[str, int]] = {}  # task -> the prompt lengths it tells
     own: dict[str, int] = {}  # agent -> its prompt length, as its own request says
-    last = dict(memo) if memo is not None else {}
+    last: Memo = memo if memo is not None else {}  # read only until the loop is over
     seen: Memo = {}
     for reqs, is_running in ((waiting, False), (running, True)):
         for req in reqs:
