@@ -33,10 +33,18 @@ def plugin():
 
 
 def make_cache(eviction: str = "topas", kv: int = 512, slots: int = 16, backend=None):  # type: ignore[no-untyped-def]
-    """A UnifiedRadixCache as the scheduler builds it (backend None: SGLang chooses)."""
+    """A UnifiedRadixCache as the scheduler builds it (backend None: SGLang chooses), with
+    the TOPAS controller's time budget off: a test's rounds must plan whatever the wall
+    clock says (with the default 1 ms a slow first plan left the next round to SGLang's
+    order on a loaded machine). The budget's own test sets it."""
     from topas_sglang.cpu_loop import make_cache as build
+    from topas_sglang.retention import controller_of
 
-    return build(eviction, kv, slots, backend=backend)
+    cache = build(eviction, kv, slots, backend=backend)
+    controller = controller_of(cache)
+    if controller is not None:
+        controller.budget_ms = 0
+    return cache
 
 
 def schedule_policy(cache, name: str = "lpm") -> SchedulePolicy:  # type: ignore[no-untyped-def]
