@@ -28,7 +28,6 @@ onwards) that no default was tuned on. ``--quick`` (part of ``make test``): meta
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 import time
@@ -42,6 +41,7 @@ from topas.runs import run_policy
 from topas.serve_bench import run_live
 from topas.studies import StudyParams, md_table, study_files, write_outputs
 from topas.workloads import generate
+from topas_sglang.controller import stats_from_log
 from topas_sglang.fake_server import FakeServer
 
 SIMULATED = {"topas": "topas", "topas-greedy": "topas-greedy", "lpm": "lpm", "lru": "fcfs"}
@@ -64,7 +64,6 @@ QUICK = {
     "overlap": "on",
     "seeds": "20",
 }
-STATS = re.compile(r"topas stats: (.*)$")
 
 
 def server_for(
@@ -86,18 +85,6 @@ def server_for(
     )
 
 
-def plugin_stats(log: Path) -> dict[str, float]:
-    """The last ``topas stats`` line of a server log, as numbers (empty: none)."""
-    last = None
-    for line in log.read_text(errors="replace").splitlines():
-        m = STATS.search(line)
-        if m:
-            last = m.group(1)
-    if last is None:
-        return {}
-    return {k: float(v) for k, v in (kv.split("=") for kv in last.split())}
-
-
 def live_run(  # type: ignore[no-untyped-def]
     inst: Instance, workload: str, seed: int, policy: str, overlap: bool, args
 ) -> dict[str, Any]:
@@ -110,7 +97,7 @@ def live_run(  # type: ignore[no-untyped-def]
         metrics, doc = run_live(inst, server.url, policy, seed=0, timeout=args.timeout)
         runtime = time.perf_counter() - t1
     write_result(doc, str(Path(args.out) / f"{label}.json"))
-    stats = plugin_stats(server.log_path) if server.log_path else {}
+    stats = stats_from_log(server.log_path.read_text(errors="replace")) if server.log_path else {}
     return {
         "workload": workload,
         "seed": seed,

@@ -189,3 +189,14 @@ def test_exporter_adds_only_what_changed():
     stats.rounds = 5
     exporter.update(stats)
     assert value() - before == 5
+
+
+def test_a_stats_line_reads_back_from_a_log():
+    # Stats.line writes the counters the benches read back with stats_from_log
+    from topas_sglang.controller import Stats, stats_from_log
+
+    stats = Stats(rounds=5, held=2, over_budget=1, decide_s=0.25)
+    log = f"[2026-12-01] INFO {Stats().line()}\nother\n[2026-12-01] INFO {stats.line()}\n"
+    got = stats_from_log(log)
+    assert got["rounds"] == 5 and got["held"] == 2 and got["over_budget"] == 1
+    assert got["decide_ms_per_call"] == 50.0 and stats_from_log("no such line\n") == {}

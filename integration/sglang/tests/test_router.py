@@ -19,11 +19,9 @@ most of it the two servers' start-up.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +33,7 @@ from topas.instance import Instance  # noqa: E402
 from topas.schedule import evaluate  # noqa: E402
 from topas.serve_bench import ROUTING_KEY_HEADER  # noqa: E402
 from topas.workloads import generate  # noqa: E402
+from topas_sglang.controller import stats_from_log  # noqa: E402
 from topas_sglang.fake_server import FakeServer  # noqa: E402
 from topas_sglang.router import Router  # noqa: E402
 
@@ -45,8 +44,6 @@ or eos (2)."""
 TASKS = 12
 """Enough tasks that ``consistent_hashing`` (the ring depends on the workers' random ports)
 puts them all on one worker only with probability 2**-11."""
-
-STATS = re.compile(r"topas stats: (.*)$", re.MULTILINE)
 
 
 @dataclass
@@ -117,12 +114,6 @@ def worker_tokens(inst: Instance, output_ids: dict[str, list[int]]) -> dict[str,
     return seen
 
 
-def plugin_stats(log: Path) -> dict[str, float]:
-    """The last ``topas stats`` line of a worker's log, as numbers (empty: none)."""
-    found = STATS.findall(log.read_text(errors="replace"))
-    return {k: float(v) for k, v in (kv.split("=") for kv in found[-1].split())} if found else {}
-
-
 POLICIES = {
     "consistent_hashing": (),
     "manual": ("--assignment-mode", "min_group"),  # a new task: fewest tasks in flight
@@ -153,6 +144,6 @@ def test_router_keeps_each_task_on_one_worker(workers, policy, tmp_path):  # typ
     used = {next(iter(ids)) for ids in tokens.values()}
     assert used == set(TOKENS), f"only workers emitting {sorted(used)} served tasks"
     for server in workers:
-        stats = plugin_stats(server.log_path)
+        stats = stats_from_log(server.log_path.read_text(errors="replace"))
         assert stats.get("rounds", 0) > 0, f"worker {server.token}: no planned round"
         assert stats["malformed"] == 0 and stats["fallbacks"] == 0, stats

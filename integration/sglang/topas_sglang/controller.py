@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from array import array
 from collections import Counter
@@ -86,6 +87,16 @@ class Stats:
             f"decide_s={self.decide_s:.6f} "
             f"decide_ms_per_call={per_round:.4f}"
         )
+
+
+STATS_LINE = re.compile(r"topas stats: (.*)$", re.MULTILINE)
+
+
+def stats_from_log(text: str) -> dict[str, float]:
+    """The counters of the last ``topas stats`` line (:meth:`Stats.line`) in a server's
+    log, as numbers; empty when there is none (the server ran without TOPAS)."""
+    found = STATS_LINE.findall(text)
+    return {k: float(v) for k, v in (kv.split("=") for kv in found[-1].split())} if found else {}
 
 
 STATS_EVERY = 20
@@ -339,11 +350,12 @@ class Controller:
             need = len(ids) // page * page
             if need == 0 or make_key is None:
                 continue
-            matched, node, _ = tree.match_full_device_prefix(make_key(ids))
+            key = make_key(ids)
+            matched, node, _ = tree.match_full_device_prefix(key)
             if matched >= need:
                 device.append(agent)
                 self.prompt_nodes[agent] = node
-            if hicache and (matched >= need or host_prefix_len(tree, make_key(ids), page) >= need):
+            if hicache and (matched >= need or host_prefix_len(tree, key, page) >= need):
                 host.append(agent)
         return device, (host if hicache else None)
 
