@@ -63,6 +63,7 @@ def _same_state(a, b) -> None:  # type: ignore[no-untyped-def]
     assert a.running == b.running and a.generated == b.generated
     assert a.kv_committed == b.kv_committed and a.unfinished == b.unfinished
     assert a.tasks == b.tasks and a.prefixes == b.prefixes
+    assert list(a.tasks) == list(b.tasks)  # registered by release
 
 
 class CrossCheck(TOPAS):
@@ -83,7 +84,9 @@ class CrossCheck(TOPAS):
             a.reset(self.ctx)
             b.reset(self.ctx)
             assert a.decide(state).admit == b.decide(seen).admit
-            self._check_observer(seen, _observe(self._inst, state, self._observer))
+            kept = _observe(self._inst, state, self._observer)
+            self._check_observer(seen, kept)
+            self._check_fast_path(kept)
             CrossCheck.checked += 1
         return super().decide(state)
 
@@ -103,10 +106,22 @@ class CrossCheck(TOPAS):
             else:
                 assert kept.task_epoch[tid] > max((e for _, e in last.values()), default=0)
 
+    def _check_fast_path(self, kept) -> None:  # type: ignore[no-untyped-def]
+        """Two TOPAS instances kept round after round decide alike on the Observer's
+        state: one is given it as it is, changed in place (it reads only the tasks stamped
+        since its last decision), the other a copy each round (a state it has not seen, so
+        it compares the whole queue; the same epochs, so the same per-task caching)."""
+        if not self._pair:
+            self._pair = [TOPAS(), TOPAS()]
+            for p in self._pair:
+                p.reset(self.ctx)
+        full, fast = self._pair
+        assert full.decide(kept.copy()) == fast.decide(kept)
+
 
 def _cross_check(inst, timing: str) -> None:  # type: ignore[no-untyped-def]
     policy = CrossCheck()
-    policy._inst, policy._observer, policy._last = inst, Observer(), {}
+    policy._inst, policy._observer, policy._last, policy._pair = inst, Observer(), {}, []
     before = CrossCheck.checked
     simulate(inst, policy, timing=timing)
     assert CrossCheck.checked > before  # step 0 at least: nothing is loading yet

@@ -82,15 +82,23 @@ def observed_state(
 class Observer:
     """Observes one engine round after round (:func:`observed_state`, with memory).
 
-    A task whose observed phases and release are the same as at the last round keeps its
-    epoch and its :class:`~topas.state.TaskInfo`, so a policy's per-task analyses (cached
-    by epoch) carry over, as they do between the simulator's steps, where a task is
-    stamped only when a stage changes phase. Only the tasks in the last round's view are
-    remembered."""
+    It keeps one :class:`~topas.state.State` and changes it in place from round to round,
+    as an engine changes its own: a task whose observed requests (each queued or running),
+    finished stages and release are the same as at the last round keeps its
+    :class:`~topas.state.TaskInfo`, phases, ``unfinished`` count and epoch untouched, so a
+    policy's per-task analyses (cached by epoch) carry over and a policy that recognises
+    the state it synced last (:class:`~topas.policies.search.TOPAS`) reads only the tasks
+    stamped since. A changed task is re-registered and stamped anew (``task_epoch`` stays
+    ordered by stamp), a task that left the view is dropped; the running and waiting
+    stages, the prefixes and the KV accounting are rebuilt every round. The state returned
+    is therefore valid until the next call (a caller that keeps it across rounds copies
+    it). Only the tasks in the last round's view are remembered; an observation that
+    raises :class:`ObservationError` makes the next round start afresh."""
 
     def __init__(self, stamps: Iterator[int] | None = None) -> None:
         self.stamps = stamps if stamps is not None else itertools.count(1)
         self._known: dict[str, _Known] = {}
+        self._state: State | None = None
 
     def state(
         self,
@@ -105,19 +113,6 @@ class Observer:
         on_host: Iterable[str] | None = None,
     ) -> State:
         """The State of this round (arguments as :func:`observed_state`'s)."""
-        state = State(
-            time=now,
-            capacity=server.kv_capacity_tokens,
-            max_running=server.max_running,
-            kv_need=kv_need,
-            kv_estimate=kv_estimate,
-            prefixes={a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()},
-        )
-        state.stamps = self.stamps
-        if on_host is not None:
-            hosted = set(on_host)
-            for agent, p in state.prefixes.items():
-                p.host_copy = agent in hosted
         by_task: dict[str, dict[str, Request]] = {}
         for r in requests:
             seen = by_task.setdefault(r.task.id, {})
@@ -126,15 +121,62 @@ class Observer:
             if seen and next(iter(seen.values())).task != r.task:
                 raise ObservationError(f"task {r.task.id}: requests carry different DAGs")
             seen[r.stage] = r
+        try:
+            return self._update(
+                server, prefix_tokens, requests, by_task, resident, now, kv_need, finished,
+                kv_estimate, on_host,
+            )  # fmt: skip
+        except BaseException:
+            self._state, self._known = None, {}  # half changed: the next round starts afresh
+            raise
+
+    def _update(
+        self,
+        server: ServerSpec,
+        prefix_tokens: Mapping[str, int],
+        requests: Sequence[Request],
+        by_task: dict[str, dict[str, Request]],
+        resident: Iterable[str],
+        now: float,
+        kv_need: KvNeed,
+        finished: Mapping[str, Iterable[str]] | None,
+        kv_estimate: KvNeed | None,
+        on_host: Iterable[str] | None,
+    ) -> State:
+        state = self._state
+        if (
+            state is None
+            or state.capacity != server.kv_capacity_tokens
+            or state.max_running != server.max_running
+        ):
+            state = self._state = State(
+                time=now, capacity=server.kv_capacity_tokens, max_running=server.max_running,
+                kv_need=kv_need,
+            )  # fmt: skip
+            state.stamps = self.stamps
+            self._known = {}
+        state.time, state.kv_need, state.kv_estimate = now, kv_need, kv_estimate
+        state.prefixes = {a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()}
+        if on_host is not None:
+            hosted = set(on_host)
+            for agent, p in state.prefixes.items():
+                p.host_copy = agent in hosted
+        state.running, state.waiting, state.wait_stamp, state.generated = {}, {}, {}, {}
+        state.kv_committed = 0
         for agent in resident:
             _make_resident(state, agent)
         order = sorted(by_task, key=lambda tid: next(iter(by_task[tid].values())).release)
-        queued: set[tuple[str, str]] = set()
         known, self._known = self._known, {}
+        for tid in known.keys() - by_task.keys():  # left the view
+            _drop_task(state, tid, known[tid].info)
+        queued: set[tuple[str, str]] = set()
+        finished = finished or {}
         for tid in order:
-            done = set((finished or {}).get(tid, ()))
+            done = finished.get(tid)
+            done = frozenset(done) if done else _NONE
             queued |= self._add_task(state, by_task[tid], done, known.get(tid))
-        state.task_epoch = dict(sorted(state.task_epoch.items(), key=lambda kv: kv[1]))
+        if list(state.tasks) != order:  # registered by release, as a fresh state's
+            state.tasks = {tid: state.tasks[tid] for tid in order}
         for r in requests:
             ref = (r.task.id, r.stage)
             if ref not in queued:
@@ -145,34 +187,32 @@ class Observer:
         return state
 
     def _add_task(
-        self, state: State, reqs: dict[str, Request], finished: set[str], known: _Known | None
+        self,
+        state: State,
+        reqs: dict[str, Request],
+        finished: frozenset[str],
+        known: _Known | None,
     ) -> set[tuple[str, str]]:
         """Register one task's phases; returns its queued stages. A task seen with the same
         requests (each queued or running) and finished stages as last round keeps its
-        TaskInfo, phases and epoch."""
+        TaskInfo, phases, ``unfinished`` count and epoch as the state holds them."""
         first = next(iter(reqs.values()))
         task = first.task
-        seen = (frozenset((sid, r.running) for sid, r in reqs.items()), frozenset(finished))
-        if known is not None and known.task is task and known.info.release == first.release:
-            info = known.info
-        else:
-            info, known = TaskInfo.of(task, first.release), None
-        state.tasks[task.id] = info
-        if known is not None and known.seen == seen:
-            state.phase.update(known.phases)
-            state.unfinished[task.id] = known.unfinished
+        seen = (frozenset([(sid, r.running) for sid, r in reqs.items()]), finished)
+        same = known is not None and known.task is task and known.info.release == first.release
+        if same and known.seen == seen:  # type: ignore[union-attr]
             for sid, r in reqs.items():
                 if r.running:
                     _add_running(state, (task.id, sid), r)
-            state.task_epoch[task.id] = known.epoch  # unchanged: the policy's analyses hold
-            self._known[task.id] = known
-            return known.queued
+            self._known[task.id] = known  # type: ignore[assignment]
+            return known.queued  # type: ignore[union-attr]
+        if known is not None:  # its entries are overwritten; a stage it no longer has goes
+            _drop_phases(state, task.id, known.info)
+        info = known.info if same else TaskInfo.of(task, first.release)  # type: ignore[union-attr]
+        state.tasks[task.id] = info
         queued = _add_phases(state, info, task, reqs, finished)
         stamp_task(state, task.id)
-        phases = {(task.id, sid): state.phase[(task.id, sid)] for sid in info.topo_order}
-        self._known[task.id] = _Known(
-            task, info, seen, phases, state.unfinished[task.id], queued, state.task_epoch[task.id]
-        )
+        self._known[task.id] = _Known(task, info, seen, queued)
         return queued
 
 
@@ -183,10 +223,22 @@ class _Known:
     task: Task
     info: TaskInfo
     seen: tuple[frozenset[tuple[str, bool]], frozenset[str]]  # its requests, finished stages
-    phases: dict[tuple[str, str], Phase]
-    unfinished: int
     queued: set[tuple[str, str]]
-    epoch: int
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _drop_task(state: State, tid: str, info: TaskInfo) -> None:
+    """Take a task out of the state (its entries; the running and waiting ones are rebuilt
+    every round)."""
+    del state.tasks[tid], state.unfinished[tid], state.task_epoch[tid]
+    _drop_phases(state, tid, info)
+
+
+def _drop_phases(state: State, tid: str, info: TaskInfo) -> None:
+    for sid in info.topo_order:
+        del state.phase[(tid, sid)]
 
 
 def _make_resident(state: State, agent: str) -> None:
@@ -197,7 +249,7 @@ def _make_resident(state: State, agent: str) -> None:
 
 
 def _add_phases(
-    state: State, info: TaskInfo, task: Task, reqs: dict[str, Request], finished: set[str]
+    state: State, info: TaskInfo, task: Task, reqs: dict[str, Request], finished: frozenset[str]
 ) -> set[tuple[str, str]]:
     """Set the phase of each of the task's stages; returns its queued stages."""
     clash = finished & reqs.keys()

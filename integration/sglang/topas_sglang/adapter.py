@@ -69,7 +69,7 @@ def queued_at(req: Any) -> float:
     stats = getattr(req, "time_stats", None)
     for name in ("wait_queue_entry_time", "scheduler_recv_time"):
         t = getattr(stats, name, None)
-        if isinstance(t, int | float) and t > 0:
+        if isinstance(t, (int, float)) and t > 0:
             return float(t)
     return 0.0
 
@@ -93,39 +93,48 @@ def observe(
     own: dict[str, int] = {}  # agent -> its prompt length, as its own request says
     last: Memo = memo if memo is not None else {}  # read only until the loop is over
     seen: Memo = {}
-    for reqs, is_running in ((waiting, False), (running, True)):
-        for req in reqs:
+    requests, reqs = obs.requests, obs.reqs
+    for queue, is_running in ((waiting, False), (running, True)):
+        for req in queue:
             if _finished(req):  # SGLang is done with it: its finish signal comes on release
                 continue
             hit = last.get(id(req))
             if hit is None or hit[0] is not req:
-                hit = (req, _metadata_or_error(req), None)
+                meta = _metadata_or_error(req)
+                ref = None if isinstance(meta, MetadataError) else meta.ref
+                hit = (req, meta, None, ref)
             seen[id(req)] = hit
-            meta = hit[1]
-            if isinstance(meta, MetadataError):
+            _, meta, r, ref = hit
+            if ref is None:
                 obs.untagged.append(req)
                 if "missing" not in str(meta):
                     obs.errors.append(f"{getattr(req, 'rid', '?')}: {meta}")
                 continue
-            if meta.ref in obs.reqs:  # one stage sent twice: leave both to SGLang
+            if ref in reqs:  # one stage sent twice: leave both to SGLang
                 obs.untagged.append(req)
-                obs.errors.append(f"{getattr(req, 'rid', '?')}: stage {meta.ref} twice")
+                obs.errors.append(f"{getattr(req, 'rid', '?')}: stage {ref} twice")
                 continue
             t = queued_at(req)
-            release = min(releases.setdefault(meta.task.id, t), t)
+            tid = ref[0]
+            release = releases.get(tid)
+            if release is None:
+                release = releases[tid] = t
+            elif t < release:
+                release = t
             generated = len(getattr(req, "output_ids", ()) or ())
-            r = hit[2]
-            if r is None or (r.queued_at, r.running, r.generated, r.release) != (
-                t,
-                is_running,
-                generated,
-                release,
+            if (
+                r is None
+                or r.queued_at != t
+                or r.running is not is_running
+                or r.generated != generated
+                or r.release != release
             ):
                 r = Request(meta.task, meta.stage, release, t, is_running, generated=generated)
-                seen[id(req)] = (req, meta, r)
-            obs.requests.append(r)
-            obs.reqs[meta.ref] = req
-            told.setdefault(meta.task.id, meta.prefixes)
+                seen[id(req)] = (req, meta, r, ref)
+            requests.append(r)
+            reqs[ref] = req
+            if tid not in told:
+                told[tid] = meta.prefixes
             own[meta.agent] = meta.prefix_tokens
     for prefixes in told.values():  # the tasks' other agents, as their first request tells
         for agent, n in prefixes.items():
@@ -144,5 +153,8 @@ def _metadata_or_error(req: Any) -> StageMeta | MetadataError:
         return e
 
 
-Memo = dict[int, tuple[Any, "StageMeta | MetadataError", "Request | None"]]
-"""id(req) -> (req, its metadata or why it has none, the Request last built for it)."""
+Memo = dict[
+    int, tuple[Any, "StageMeta | MetadataError", "Request | None", "tuple[str, str] | None"]
+]
+"""id(req) -> (req, its metadata or why it has none, the Request last built for it, its
+stage (None: untagged))."""

@@ -150,6 +150,7 @@ class Controller:
         self.prompt_ids: dict[str, array] = {}  # agent -> its system-prompt token ids
         self.prefix_tokens: dict[str, int] = {}
         self.prompt_nodes: dict[str, int] = {}  # agent -> node its cached prompt ends in
+        self._noted: dict[str, Any] = {}  # task -> its Task, once its agents are noted
         self._policy: Policy | None = None
         self._policy_agents: frozenset[tuple[str, int]] = frozenset()
         self._server: ServerSpec | None = None
@@ -233,7 +234,7 @@ class Controller:
         obs = observe([], reqs, dict(self.releases))
         if not obs.requests:
             return order
-        state = self._state(obs, now)
+        state = self._state(obs, now, Observer(self.observer.stamps))  # not the rounds' one
         victims = self._policy_for(state).retraction_order(state, list(obs.reqs))
         index = {id(r): i for i, r in enumerate(reqs)}
         keep_first = [index[id(obs.reqs[ref])] for ref in reversed(victims)]
@@ -287,10 +288,12 @@ class Controller:
             self.stats.malformed += len(obs.errors)
 
     def _forget(self, tid: str) -> None:
-        for d in (self.finished, self.releases, self.task_size):
+        for d in (self.finished, self.releases, self.task_size, self._noted):
             d.pop(tid, None)
 
-    def _state(self, obs: Observation, now: float) -> State:
+    def _state(self, obs: Observation, now: float, observer: Observer | None = None) -> State:
+        """The State of this round, built by ``observer`` (default: the rounds' own, which
+        changes its state in place from round to round)."""
         for r in obs.requests:
             agent = r.task.stage_by_id[r.stage].agent
             if agent not in self.prompt_ids:  # the agent's prompt: its requests' first ids
@@ -299,12 +302,15 @@ class Controller:
                 self.prompt_ids[agent] = array("q", list(req.origin_input_ids[:n]))
         self.prefix_tokens.update(obs.prefix_tokens)
         tasks = {r.task.id: r.task for r in obs.requests}
-        for task in tasks.values():  # an agent nobody told the length of: a 0-token prompt
-            for x in task.stages:
+        for tid, task in tasks.items():
+            if self._noted.get(tid) is task:
+                continue  # its agents are noted (the adapter shares one Task per task)
+            self._noted[tid] = task
+            for x in task.stages:  # an agent nobody told the length of: a 0-token prompt
                 self.prefix_tokens.setdefault(x.agent, 0)
         server = self._server_spec()
         resident, on_host = self._residency()
-        return self.observer.state(
+        return (observer or self.observer).state(
             server,
             self.prefix_tokens,
             obs.requests,
