@@ -126,3 +126,21 @@ def test_every_cited_summary_is_committed(topas_md: str) -> None:
     assert cited >= {"paper", "paper-greedy", "gap", "compare", "ablation", "starvation"}
     for name in cited:
         assert (DOCS / "results" / name / "summary.md").is_file(), name
+
+
+def test_gap_tuning_table_matches_its_summaries(topas_md: str) -> None:
+    docs = table(section(topas_md, "### Distance to the optimum"), "| variant | mean gap, seed")
+    ours = {}
+    for seed in (1000, 0):
+        summary = (DOCS / "results" / f"gap_tuning_{seed}" / "summary.md").read_text()
+        ours[seed] = {r[0]: r for r in table(summary, "| policy | n | mean gap %")}
+    assert {r[0] for r in docs} == set(ours[1000]) == set(ours[0])
+    for row in docs:
+        # mean and max gap % of each tuning study
+        want = [
+            ours[1000][row[0]][2],
+            ours[1000][row[0]][4],
+            ours[0][row[0]][2],
+            ours[0][row[0]][4],
+        ]
+        assert [numbers(c) for c in row[1:]] == [numbers(c) for c in want], row[0]
