@@ -199,16 +199,18 @@ class Observer:
         first = next(iter(reqs.values()))
         task = first.task
         seen = (frozenset([(sid, r.running) for sid, r in reqs.items()]), finished)
-        same = known is not None and known.task is task and known.info.release == first.release
-        if same and known.seen == seen:  # type: ignore[union-attr]
-            for sid, r in reqs.items():
-                if r.running:
-                    _add_running(state, (task.id, sid), r)
-            self._known[task.id] = known  # type: ignore[assignment]
-            return known.queued  # type: ignore[union-attr]
+        if known is not None and known.task is task and known.info.release == first.release:
+            if known.seen == seen:  # unchanged: only its running stages are added again
+                for sid, r in reqs.items():
+                    if r.running:
+                        _add_running(state, (task.id, sid), r)
+                self._known[task.id] = known
+                return known.queued
+            info = known.info
+        else:
+            info = TaskInfo.of(task, first.release)
         if known is not None:  # its entries are overwritten; a stage it no longer has goes
             _drop_phases(state, task.id, known.info)
-        info = known.info if same else TaskInfo.of(task, first.release)  # type: ignore[union-attr]
         state.tasks[task.id] = info
         queued = _add_phases(state, info, task, reqs, finished)
         stamp_task(state, task.id)
