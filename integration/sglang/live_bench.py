@@ -16,8 +16,10 @@ fallbacks).
     .venv-sglang/bin/python integration/sglang/live_bench.py [--quick] [--seeds 20,21]
         [--workloads metagpt-sop,fanout] [--tasks 6] [--token-scale 8]
         [--policies topas,lpm,lru] [--overlap on,off] [--time-scale 1]
-        [--noise 0.1] [--port 0] [--out results/live_bench]
+        [--noise 0.1] [--port 0] [--topas-schedule lpm] [--out results/live_bench]
 
+``--topas-schedule``: SGLang's ``--schedule-policy`` under the plugin (``lpm``, as the
+README's launch line, or ``fcfs``, as SGLang's defaults that ``lru`` runs).
 ``--seeds``: the instances' seeds, by default 20 and 21, two of the reporting seeds (20
 onwards) that no default was tuned on. ``--quick`` (part of ``make test``): metagpt-sop,
 4 tasks, seed 20, ``topas`` and ``lru``, overlap on; about two minutes. Writes
@@ -72,7 +74,7 @@ def server_for(
     if policy in SGLANG_SIDE:
         schedule, eviction = SGLANG_SIDE[policy]
     else:
-        schedule, eviction = "lpm", policy
+        schedule, eviction = args.topas_schedule, policy
     return FakeServer(
         port=args.port,
         max_total_tokens=max_total_tokens,
@@ -173,6 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0, help="0: a free port per server")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default="results/live_bench")
+    ap.add_argument(
+        "--topas-schedule",
+        default="lpm",
+        choices=("lpm", "fcfs"),
+        help="SGLang's --schedule-policy under the plugin (its order for untagged requests)",
+    )
     args = ap.parse_args(argv)
     base = QUICK if args.quick else DEFAULTS
     pick = {k: (getattr(args, k) or base[k]) for k in DEFAULTS}
@@ -196,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workloads": workloads, "tasks": int(pick["tasks"]), "policies": policies,
         "overlap": overlaps, "token_scale": args.token_scale, "load": args.load,
         "time_scale": args.time_scale, "noise": args.noise, "seeds": seeds,
+        "topas_schedule": args.topas_schedule,
     })  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -93,13 +93,38 @@ def test_server_command_runs_every_policy_on_the_python_tree_core():
         assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
 
 
-def test_quick_live_bench_serves_every_task_in_the_real_server(tmp_path):
+def _bench():  # type: ignore[no-untyped-def]
+    """integration/sglang/live_bench.py as a module."""
     spec = importlib.util.spec_from_file_location(
         "live_bench", ROOT / "integration" / "sglang" / "live_bench.py"
     )
     bench = importlib.util.module_from_spec(spec)
     sys.modules["live_bench"] = bench
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_plugins_servers_start_from_the_schedule_policy_asked_for(tmp_path):
+    # --topas-schedule sets SGLang's order under the plugin; SGLang's own policies keep
+    # theirs (lpm: lpm with LRU eviction; lru: fcfs with LRU).
+    import argparse
+
+    bench = _bench()
+    for base in ("lpm", "fcfs"):
+        args = argparse.Namespace(
+            port=0, time_scale=1.0, noise=0.0, out=str(tmp_path), topas_schedule=base
+        )
+        cmd = bench.server_for("topas", 1000, True, "t", args).command()
+        assert cmd[cmd.index("--schedule-policy") + 1] == base
+        assert cmd[cmd.index("--radix-eviction-policy") + 1] == "topas"
+        for policy, (schedule, eviction) in bench.SGLANG_SIDE.items():
+            cmd = bench.server_for(policy, 1000, True, "s", args).command()
+            assert cmd[cmd.index("--schedule-policy") + 1] == schedule
+            assert cmd[cmd.index("--radix-eviction-policy") + 1] == eviction
+
+
+def test_quick_live_bench_serves_every_task_in_the_real_server(tmp_path):
+    bench = _bench()
     out = tmp_path / "live"
     assert bench.main(["--quick", "--out", str(out)]) == 0  # free ports, chosen at start
     rows = {r["policy"]: r for r in _csv(out / "runs.csv")}
