@@ -8,7 +8,7 @@ ships (``lru`` eviction: every plugin hook passes SGLang's result through), then
 ``--radix-eviction-policy topas``. Needs SGLang: run it in ``.venv-sglang``.
 
     .venv-sglang/bin/python analysis/sglang_in_the_loop.py [--workloads ...]
-        [--tasks 20] [--load 1.2] [--kv-scale 1] [--seeds 5]
+        [--tasks 20] [--load 1.2] [--kv-scale 1] [--seeds 5] [--token-scale 1]
         [--out results/sglang_in_the_loop]
 
 Writes summary.md (paired changes of TOPAS against plain SGLang, 95% CI over seeds) and
@@ -36,10 +36,18 @@ MODES = ("lru", "topas")  # plain SGLang, then the plugin
 METRICS = ("mean_jct", "p99_jct", "hit_rate")
 
 
-def run_one(workload: str, tasks: int, load: float, kv_scale: float, seed: int, mode: str) -> dict:
+def run_one(
+    workload: str,
+    tasks: int,
+    load: float,
+    kv_scale: float,
+    seed: int,
+    mode: str,
+    token_scale: float = 1.0,
+) -> dict:
     from topas_sglang.cpu_loop import replay
 
-    inst = generate(workload, num_tasks=tasks, seed=seed, load=load)
+    inst = generate(workload, num_tasks=tasks, seed=seed, load=load, token_scale=token_scale)
     kv = int(inst.server.kv_capacity_tokens * kv_scale)
     start = time.perf_counter()
     r = replay(inst, mode, kv_tokens=kv)
@@ -87,6 +95,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--load", default="1.2")
     p.add_argument("--kv-scale", default="1", help="KV budget / the workload's (default 1)")
     p.add_argument("--seeds", default="5")
+    p.add_argument("--token-scale", default="1", help="divides every token count (default 1)")
     p.add_argument("--out", default="results/sglang_in_the_loop")
     a = p.parse_args(argv)
     workloads = ex.parse_workloads(a.workloads)
@@ -94,6 +103,7 @@ def main(argv: Sequence[str]) -> int:
     load = ex.parse_positive_float(a.load, "--load")
     kv_scale = ex.parse_positive_float(a.kv_scale, "--kv-scale")
     seeds = ex.parse_seeds(a.seeds)
+    token_scale = ex.parse_positive_float(a.token_scale, "--token-scale")
     out = ex.check_out(a.out)
     try:
         from topas_sglang.cpu_loop import load_plugin
@@ -101,7 +111,10 @@ def main(argv: Sequence[str]) -> int:
         raise ex.CliError(f"needs sglang==0.5.23 (run it in .venv-sglang): {e}") from None
     load_plugin()
     jobs = [(w, s, m) for w in workloads for s in seeds for m in MODES]
-    rows = [run_one(w, tasks, load, kv_scale, s, m) for w, s, m in tqdm(jobs, desc="replays")]
+    rows = [
+        run_one(w, tasks, load, kv_scale, s, m, token_scale)
+        for w, s, m in tqdm(jobs, desc="replays")
+    ]
     command = "python analysis/sglang_in_the_loop.py " + shlex.join(argv)
     text = summary(rows, command.strip())
     write_outputs(out, {"summary.md": text, "runs.csv": rows_to_csv(rows)})
