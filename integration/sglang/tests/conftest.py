@@ -38,13 +38,8 @@ def make_cache(eviction: str = "topas", kv: int = 512, slots: int = 16, backend=
     clock says (with the default 1 ms a slow first plan left the next round to SGLang's
     order on a loaded machine). The budget's own test sets it."""
     from topas_sglang.cpu_loop import make_cache as build
-    from topas_sglang.retention import controller_of
 
-    cache = build(eviction, kv, slots, backend=backend)
-    controller = controller_of(cache)
-    if controller is not None:
-        controller.budget_ms = 0
-    return cache
+    return build(eviction, kv, slots, backend=backend, budget_ms=0)
 
 
 def schedule_policy(cache, name: str = "lpm") -> SchedulePolicy:  # type: ignore[no-untyped-def]

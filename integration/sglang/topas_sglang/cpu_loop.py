@@ -85,9 +85,12 @@ def make_cache(
     slots: int = 16,
     max_context: int = 4096,
     backend: str | None = None,
+    budget_ms: float | None = None,
 ) -> UnifiedRadixCache:
     """A ``UnifiedRadixCache`` over CPU token pools, as the scheduler builds its own
-    (``backend`` None: SGLang picks the tree core; the plugin's hook may override)."""
+    (``backend`` None: SGLang picks the tree core; the plugin's hook may override), with
+    its TOPAS controller's time budget set to ``budget_ms`` (None: the plugin's default;
+    0: off)."""
     rtp = ReqToTokenPool(size=slots, max_context_len=max_context, device="cpu",
                          enable_memory_saver=False)  # fmt: skip
     pool = MHATokenToKVPool(size=kv_tokens, page_size=1, dtype=torch.bfloat16, head_num=1,
@@ -95,11 +98,15 @@ def make_cache(
                             enable_memory_saver=False)  # fmt: skip
     alloc = TokenToKVPoolAllocator(size=kv_tokens, dtype=torch.bfloat16, device="cpu",
                                    kvcache=pool, need_sort=False)  # fmt: skip
-    return UnifiedRadixCache(CacheInitParams(
+    cache = UnifiedRadixCache(CacheInitParams(
         disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1,
         tree_components=(ComponentType.FULL,), eviction_policy=eviction,
         tree_core_backend=backend,
     ))  # fmt: skip
+    controller = controller_of(cache)
+    if controller is not None and budget_ms is not None:
+        controller.budget_ms = budget_ms
+    return cache
 
 
 def payload_req(body: dict) -> Req:
@@ -139,10 +146,9 @@ class CpuLoop:
         longest = max(map(len, self.prefixes.values())) + max(
             s.input_tokens + s.output_tokens for t in instance.tasks for s in t.stages
         )
-        self.cache = make_cache(eviction, kv, slots, max_context=longest + 8)
-        controller = controller_of(self.cache)
-        if controller is not None:  # the replay's clock is simulated and charges no planning
-            controller.budget_ms = 0  # time: a wall-clock budget would only add noise
+        # the replay's clock is simulated and charges no planning time: a wall-clock
+        # budget would only add noise
+        self.cache = make_cache(eviction, kv, slots, max_context=longest + 8, budget_ms=0)
         self.rtp = self.cache.req_to_token_pool
         self.alloc = self.cache.token_to_kv_pool_allocator
         self.policy = SchedulePolicy(schedule_policy, self.cache, False, False, False)
