@@ -418,7 +418,7 @@ def parse_positive_int(text: str, option: str) -> int:
     return n
 
 
-def parse_seeds(text: str) -> list[int]:
+def parse_seeds(text: str, option: str = "--seeds") -> list[int]:
     """``N`` (no comma): the first N reporting seeds, :data:`REPORT_SEED_START` onwards.
     ``a,b,...``: those seeds (``3,`` is seed 3 alone). Tuning seeds are refused by
     :func:`check_report_seeds`, which every study applies."""
@@ -426,21 +426,21 @@ def parse_seeds(text: str) -> list[int]:
         try:
             n = int(text)
         except ValueError:
-            raise CliError(f"--seeds: expected a count or a comma list, got {text!r}") from None
+            raise CliError(f"{option}: expected a count or a comma list, got {text!r}") from None
         if n <= 0:
-            raise CliError(f"--seeds: empty seed list ({text!r})")
+            raise CliError(f"{option}: empty seed list ({text!r})")
         return list(range(REPORT_SEED_START, REPORT_SEED_START + n))
     seeds: list[int] = []
     for item in _items(text):
         try:
             s = int(item)
         except ValueError:
-            raise CliError(f"--seeds: expected an integer seed, got {item!r}") from None
+            raise CliError(f"{option}: expected an integer seed, got {item!r}") from None
         if s < 0:
-            raise CliError(f"--seeds: seeds must be >= 0, got {item!r}")
+            raise CliError(f"{option}: seeds must be >= 0, got {item!r}")
         seeds.append(s)
     if not seeds:
-        raise CliError(f"--seeds: empty seed list ({text!r})")
+        raise CliError(f"{option}: empty seed list ({text!r})")
     return list(dict.fromkeys(seeds))
 
 

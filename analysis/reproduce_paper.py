@@ -124,7 +124,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
         "tasks": ex.parse_positive_int(pick("tasks", DEFAULTS["tasks"]), "--tasks"),
         "ratios": ex.parse_floats(pick("ratios", DEFAULTS["ratios"]), "--ratios", 0.0, strict=True),
         "map_seeds": ex.check_report_seeds(
-            ex.parse_seeds(pick("map_seeds", DEFAULTS["map_seeds"]))
+            ex.parse_seeds(pick("map_seeds", DEFAULTS["map_seeds"]), "--map-seeds"), "--map-seeds"
         ),
         "policies": policies,
         "baselines": [p for p in policies if not ex.is_topas(p)],

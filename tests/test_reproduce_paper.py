@@ -108,6 +108,8 @@ def test_cut_against_the_best_baseline_by_hand() -> None:
     [
         (("--seeds", "1000,1001"), "tuning seeds"),
         (("--seeds", "0,1"), "tuning seeds"),
+        (("--map-seeds", "0"), "--map-seeds: empty seed list"),
+        (("--map-seeds", "1000,"), "--map-seeds: 1000 are tuning seeds"),
         (("--profile", "nope"), "unknown profile 'nope'"),
         (("--workloads", "nope"), "unknown workload 'nope'"),
         (("--policies", "lpm"), "must include 'topas'"),
