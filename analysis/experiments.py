@@ -58,7 +58,7 @@ checked on (10-12) before the split (docs/topas.md): no study reports on them.""
 
 REPORT_SEED_START = 20
 """``--seeds N`` means the N reporting seeds from here: 20, 21, ... (never tuned on)."""
-ABLATION_TERMS = ("progress", "move", "reuse", "redo", "revoke", "aging", "reserve")
+ABLATION_TERMS = ("progress", "move", "reuse", "redo", "revoke", "aging", "reserve", "visit")
 """The weights of ``topas``'s score (topas/policies/search.py) that the ablation switches off."""
 ABLATION_MODES = ("search=all", "drain_discount=0", "retract=1")
 """Switches of the search itself: no choice of residency; drained memory at full credit;

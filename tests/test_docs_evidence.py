@@ -45,24 +45,53 @@ def topas_md() -> str:
     return (DOCS / "topas.md").read_text()
 
 
-def test_paper_setting_table_matches_its_summary(topas_md: str) -> None:
-    docs = table(section(topas_md, "### In the paper's setting"), "| workload | paper mean / p99")
-    summary = (DOCS / "results" / "paper" / "summary.md").read_text()
+def _check_cuts(docs: list[list[str]], summary: str, first: int) -> None:
+    """A docs table of peak cuts and means over loads (mean JCT, then p99, from column
+    ``first`` on) against the side-by-side table of a ``reproduce_paper.py`` summary."""
     ours = {r[0]: r for r in table(summary, "| workload | paper mean JCT cut %")}
     assert [r[0] for r in docs] == list(ours)
     for row in docs:
         s = ours[row[0]]
         # peak cut, its CI and its load; mean over loads; for mean then p99 JCT
         for d_peak, d_mean, s_peak, s_mean in (
-            (row[2], row[3], s[2], s[3]),
-            (row[4], row[5], s[5], s[6]),
+            (row[first], row[first + 1], s[2], s[3]),
+            (row[first + 2], row[first + 3], s[5], s[6]),
         ):
             assert numbers(d_peak)[:3] == numbers(s_peak)[:3], (row[0], d_peak, s_peak)
             assert numbers(d_mean) == numbers(s_mean), (row[0], d_mean, s_mean)
+
+
+def _tally(summary: str) -> tuple[str, str, str]:
     counts = re.search(r"(\d+) wins, (\d+) ties \(CI includes 0\), (\d+) losses", summary)
     assert counts is not None
     wins, ties, losses = counts.groups()
+    return wins, ties, losses
+
+
+def test_paper_setting_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(section(topas_md, "### In the paper's setting"), "| workload | paper mean / p99")
+    summary = (DOCS / "results" / "paper" / "summary.md").read_text()
+    _check_cuts(docs, summary, 2)
+    wins, ties, losses = _tally(summary)
     assert f"wins {wins} beyond the CI, ties {ties} and\n**loses {losses}**" in topas_md
+
+
+def test_overload_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(section(topas_md, "#### Past load 1.5"), "| workload | paper mean / p99")
+    summary = (DOCS / "results" / "paper_overload_registered" / "summary.md").read_text()
+    assert "one_agent" not in summary  # the registered baselines only
+    _check_cuts(docs, summary, 2)
+
+
+def test_one_agent_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(
+        section(topas_md, "#### Against a policy that serves one agent"), "| workload | mean: peak"
+    )
+    summary = (DOCS / "results" / "paper_one_agent" / "summary.md").read_text()
+    assert "one_agent:OneAgent" in summary.split("## Side by side")[0]  # among the baselines
+    _check_cuts(docs, summary, 1)
+    wins, ties, losses = _tally(summary)
+    assert f"{wins} wins, {ties} ties, **{losses} losses**" in topas_md
 
 
 def test_gap_table_matches_its_summary(topas_md: str) -> None:

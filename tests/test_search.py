@@ -383,6 +383,38 @@ def test_each_term_has_its_sign_and_switch():
     assert free._pack(state, rf, ("A",)).score == pytest.approx(drop.score + c_b)
 
 
+def test_visit_term_counts_a_stage_of_a_running_agent_more_and_switches_off():
+    # A and B resident; A runs t/r. Waiting: u/s of A and v/s of B, the same size, both fit
+    # (free 10,000 - 8,000 - 200 = 1,800). Admitting u continues A's visit, so J_admit
+    # counts it (1 + visit) times; v starts one and counts once. Both are roots of one-stage
+    # tasks released at 0: the same Delta, so with visit=0 they count the same.
+    inst = make(
+        {"A": 4000, "B": 4000},
+        [
+            task("t", 0, stage("r", "A", 100, 100)),
+            task("u", 0, stage("s", "A", 100, 100)),
+            task("v", 0, stage("s", "B", 100, 100)),
+        ],
+        capacity=10_000,
+        load=FAST_LINK,
+    )
+    state = released(inst)
+    make_resident(state, "A", "B")
+    apply_inplace(state, Decision(admit=(("t", "r"),)))
+    scores = {}
+    for spec in ("topas:visit=0", "topas", "topas:visit=3"):
+        policy = ready(spec, inst)
+        pack = policy._pack(state, policy._round(state), ("A", "B"))
+        assert sorted(pack.admitted) == [("u", "s"), ("v", "s")]
+        value = pack.credit[("v", "s")]  # a stage that starts a visit: its plain value
+        assert value > 0
+        scores[spec] = (pack.score, pack.credit[("u", "s")] / value, value)
+    assert [w for _, w, _ in scores.values()] == pytest.approx([1.0, 2.0, 4.0])
+    base, _, value = scores["topas:visit=0"]
+    assert scores["topas"][0] == pytest.approx(base + value)
+    assert scores["topas:visit=3"][0] == pytest.approx(base + 3 * value)
+
+
 def test_aging_weights_old_tasks_and_switches_off():
     # g_i(t) = 1 + rho * log(1 + age / H_age): 1 at age 0, growing with age; aging=0 -> 1
     inst = make({"A": 10}, [task("t", 0, stage("s", "A", 5, 5))], capacity=100)

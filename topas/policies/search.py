@@ -13,10 +13,17 @@ drain a prompt on purpose to let the batch grow. Each candidate ``R'`` is packed
 the per-decision change budget ``K`` last) and scored, in seconds::
 
     Score(R', Q') = J_admit - J_move + V_reuse - J_redo - J_revoke
-    J_admit  = sum over packed r of g_i(t) * Delta(r)
+    J_admit  = sum over packed r of g_i(t) * Delta(r) * (1 + visit if r's agent runs now)
     J_move   = c(a) per waiting task that must wait for a moved prefix a (in or out)
     V_reuse  = beta * sum over a in R' of n_a * c(a)
     g_i(t)   = 1 + rho * log(1 + (t - tau_i) / H_age)
+
+The ``visit`` weight (an addition to the paper's score) favours a stage whose agent has
+stages running now: admitting it continues that agent's visit, in a prompt that stays
+resident anyway, while a stage of an idle agent starts a visit, and switching the served
+agent keeps two prompts resident until the old one's stages drain. A myopic score does
+not see that switch cost; without the weight the search serves several agents at once
+and the batch stays smaller (docs/topas.md has the measurements).
 
 ``c(a)`` is the time to bring prefix ``a`` back: ``mu * l_a / B_swap`` with host swaps,
 its prefill with recompute (``PolicyContext.predict.load_s``); a prefetch (no task waits for
@@ -420,6 +427,7 @@ class TOPAS(Policy):
     additive: bool = False  # pack order: aging added to the Smith ratio, not multiplied
     reserve: float = 2.0  # a task this many mean ages old (and >= H_age) blocks the others
     retract: bool = False  # a dropped prefix's running stages may be retracted, not drained
+    visit: float = 1.0  # J_admit counts a stage whose agent runs stages now 1 + visit times
     name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -746,6 +754,8 @@ class TOPAS(Policy):
                     break
                 continue
             value = rnd.value[ref]
+            if rnd.users[a]:  # its agent runs stages now: this continues its visit
+                value *= 1.0 + self.visit
             slots -= 1
             if now:
                 credit[ref] = value

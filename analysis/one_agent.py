@@ -1,0 +1,96 @@
+"""``OneAgent``: serve one agent's stages at a time, a probe of TOPAS's residency choice.
+
+Issue 11 motivated the search over resident prefix sets with a crude policy that admits
+only one agent's stages at a time: the other agents' prompts drain and are evicted, so
+the batch grows by their memory. This is that policy, written out so that it can be
+compared with TOPAS on equal terms. It is a research probe, not a registered baseline
+(no serving system ships it); studies load it by its module spec, ``one_agent:OneAgent``,
+which resolves wherever ``analysis/`` is on ``sys.path`` (the analysis scripts put it
+there)::
+
+    python analysis/reproduce_paper.py \
+        --policies fcfs,lpm,cpf,atlas,kvflow,spf,parrot-fcfs,las,one_agent:OneAgent,topas
+
+The rules (a polling server, one queue per agent):
+
+- **Visit.** One agent ``a`` is served at a time. Its waiting stages are admitted in
+  FCFS order (the order they became ready) while they fit, stopping at the first that
+  does not, as SGLang's ``PrefillAdder`` does; unused prompts of other agents are evicted
+  on demand, least recently used first. Every other agent's waiting stages are ``held``.
+- **Exhaustive service** (the default): the visit lasts while ``a`` has any waiting
+  stage, those that become ready during it included. An agent whose stages keep coming
+  can hold the server for as long as they come (the simulator's instances are finite,
+  so every run ends). ``gated=True`` is gated service: a visit serves only the stages
+  that were ready when it began, so every visit is finite and no stage waits for ever.
+  Exhaustive was the better of the two on every paper workload at loads 1.0 and 1.5
+  (tuning seeds 1000-1002; e.g. ``dag-10-wide`` at 1.5: mean JCT 117 s against 136 s).
+- **Next visit.** When the visit is over, the next agent is the one whose oldest waiting
+  stage has waited longest, a resident prompt first on ties (ties of time, then agent id).
+
+Deterministic: a decision depends only on the state and the visit in progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from topas.instance import StageRef
+from topas.policies.base import Policy, PolicyContext, admit_in_order
+from topas.policies.baselines import fcfs_order
+from topas.state import Decision, PrefixStatus, State
+
+
+@dataclass
+class OneAgent(Policy):
+    """One agent's stages at a time: exhaustive (or gated) polling (module doc)."""
+
+    gated: bool = False  # a visit serves only the stages ready when it began
+    name = "one-agent"
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self.agent: str | None = None  # the agent being visited
+        self.since = 0.0  # when its visit began
+
+    def decide(self, state: State) -> Decision:
+        order = fcfs_order(state)
+        if not order:
+            return Decision()
+        mine = self._visit(state, order)
+        evict = [a for a in self.eviction_order(state) if a != self.agent]
+        decision = admit_in_order(state, mine, evict).decision()
+        served = set(mine)
+        return dataclasses.replace(decision, held=tuple(r for r in order if r not in served))
+
+    def _visit(self, state: State, order: list[StageRef]) -> list[StageRef]:
+        """The waiting stages the current visit serves (a new visit when it is over)."""
+        mine = self._served(state, order)
+        if mine:
+            return mine
+        self.agent = self._next_agent(state, order)
+        self.since = state.time
+        return self._served(state, order)
+
+    def _served(self, state: State, order: list[StageRef]) -> list[StageRef]:
+        agent = self.agent
+        if agent is None:
+            return []
+        return [
+            r
+            for r in order
+            if state.agent_of(r) == agent and (not self.gated or state.waiting[r] <= self.since)
+        ]
+
+    @staticmethod
+    def _next_agent(state: State, order: list[StageRef]) -> str:
+        """The agent of the longest-waiting stage; a resident prompt first on ties."""
+        oldest: dict[str, float] = {}
+        for r in order:  # FCFS: the first stage of each agent is its oldest
+            oldest.setdefault(state.agent_of(r), state.waiting[r])
+
+        def key(agent: str) -> tuple[float, bool, str]:
+            absent = state.prefixes[agent].status is PrefixStatus.ABSENT
+            return (oldest[agent], absent, agent)
+
+        return min(oldest, key=key)
