@@ -78,6 +78,16 @@ def test_move_switch_and_search_all_never_drain():
     assert d.evict == () and len(d.admit) == 2
 
 
+def a_runs_r(*tasks: dict) -> tuple:
+    """Capacity 10,000 over the fast link; A and B (4,000-token prompts) resident; the
+    tasks released and stage t/r (of A) admitted."""
+    inst = make({"A": 4000, "B": 4000}, list(tasks), capacity=10_000, load=FAST_LINK)
+    state = released(inst)
+    make_resident(state, "A", "B")
+    apply_inplace(state, Decision(admit=(("t", "r"),)))
+    return inst, state
+
+
 def test_reuse_term_keeps_a_prompt_with_next_hop_stages():
     # Capacity 10,000, A and B resident and idle; A's two waiting stages fit either way
     # (1,000 each), B has no waiting stage but a running stage r of agent A in task t
@@ -85,18 +95,10 @@ def test_reuse_term_keeps_a_prompt_with_next_hop_stages():
     # frees nothing anyone needs now, so only V_reuse = n_B * c(B) tells the two apart:
     # with reuse on keeping B scores c(B) more; with reuse=0 they tie (and the tie goes to
     # fewer changes, so B stays either way).
-    inst = make(
-        {"A": 4000, "B": 4000},
-        [
-            task("t", 0, stage("r", "A", 100, 100), stage("x", "B", 100, 100, ["r"])),
-            task("u", 0, stage("s", "A", 500, 500)),
-        ],
-        capacity=10_000,
-        load=FAST_LINK,
+    inst, state = a_runs_r(
+        task("t", 0, stage("r", "A", 100, 100), stage("x", "B", 100, 100, ["r"])),
+        task("u", 0, stage("s", "A", 500, 500)),
     )
-    state = released(inst)
-    make_resident(state, "A", "B")
-    apply_inplace(state, Decision(admit=(("t", "r"),)))
     policy = ready("topas", inst)
     d = policy.decide(state)
     assert d.evict == () and d.admit == (("u", "s"),)
@@ -388,19 +390,11 @@ def test_visit_term_counts_a_stage_of_a_running_agent_more_and_switches_off():
     # (free 10,000 - 8,000 - 200 = 1,800). Admitting u continues A's visit, so J_admit
     # counts it (1 + visit) times; v starts one and counts once. Both are roots of one-stage
     # tasks released at 0: the same Delta, so with visit=0 they count the same.
-    inst = make(
-        {"A": 4000, "B": 4000},
-        [
-            task("t", 0, stage("r", "A", 100, 100)),
-            task("u", 0, stage("s", "A", 100, 100)),
-            task("v", 0, stage("s", "B", 100, 100)),
-        ],
-        capacity=10_000,
-        load=FAST_LINK,
+    inst, state = a_runs_r(
+        task("t", 0, stage("r", "A", 100, 100)),
+        task("u", 0, stage("s", "A", 100, 100)),
+        task("v", 0, stage("s", "B", 100, 100)),
     )
-    state = released(inst)
-    make_resident(state, "A", "B")
-    apply_inplace(state, Decision(admit=(("t", "r"),)))
     scores = {}
     for spec in ("topas:visit=0", "topas", "topas:visit=3"):
         policy = ready(spec, inst)
