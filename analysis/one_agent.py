@@ -22,8 +22,10 @@ The rules (a polling server, one queue per agent):
   can hold the server for as long as they come (the simulator's instances are finite,
   so every run ends). ``gated=True`` is gated service: a visit serves only the stages
   that were ready when it began, so every visit is finite and no stage waits for ever.
-  Exhaustive was the better of the two on every paper workload at loads 1.0 and 1.5
-  (tuning seeds 1000-1002; e.g. ``dag-10-wide`` at 1.5: mean JCT 117 s against 136 s).
+  Exhaustive was the better of the two at loads 1.0 and 1.5 (tuning seeds 1000-1002) on
+  Chain-3, DAG-4, DAG-10-Wide and MetaGPT-TL-paper (e.g. ``dag-10-wide`` at 1.5: mean
+  JCT 117 s against 136 s) and on MetaGPT-SOP-paper's p99; SOP's mean was 0.0% and 3.6%
+  worse.
 - **Next visit.** When the visit is over, the next agent is the one whose oldest waiting
   stage has waited longest, a resident prompt first on ties (ties of time, then agent id).
 
