@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from conftest import jcts_across_processes, make, random_instances, stage, task
 from hypothesis import given, settings
@@ -410,14 +412,56 @@ def test_visit_term_counts_a_stage_of_a_running_agent_more_and_switches_off():
 
 
 def test_aging_weights_old_tasks_and_switches_off():
-    # g_i(t) = 1 + rho * log(1 + age / H_age): 1 at age 0, growing with age; aging=0 -> 1
+    # g_i(t) = 1 + rho * log(1 + age / H_age) (the paper's form): 1 at age 0, growing with
+    # age; aging=0 -> 1
     inst = make({"A": 10}, [task("t", 0, stage("s", "A", 5, 5))], capacity=100)
     state = released(inst)
-    policy = ready("topas:aging=2,age_scale=10", inst)
+    policy = ready("topas:aging=2,age_scale=10,age_form=log", inst)
     assert policy._weight(state, "t") == 1.0
     state.time = 10.0
     assert policy._weight(state, "t") == pytest.approx(1 + 2 * math.log(2))
     assert ready("topas:aging=0", inst)._weight(state, "t") == 1.0
+
+
+def test_linear_aging_grows_with_the_age_itself():
+    # age_form=linear (the default): g = 1 + rho * age / H_age; rho = 2, H_age = 10: 1 at 0, 3 at
+    # 10 s (the log form: 1 + 2 log 2 = 2.39), 21 at 100 s (log: 1 + 2 log 11 = 5.80)
+    inst = make({"A": 10}, [task("t", 0, stage("s", "A", 5, 5))], capacity=100)
+    state = released(inst)
+    linear = ready("topas:aging=2,age_scale=10", inst)
+    log = ready("topas:aging=2,age_scale=10,age_form=log", inst)
+    assert linear._weight(state, "t") == 1.0
+    for age, want in ((10.0, 3.0), (100.0, 21.0)):
+        state.time = age
+        assert linear._weight(state, "t") == pytest.approx(want)
+        assert log._weight(state, "t") == pytest.approx(1 + 2 * math.log1p(age / 10))
+    with pytest.raises(ValueError, match="age_form: unknown form 'cubic'"):
+        ready("topas:age_form=cubic", inst)
+
+
+def test_additive_linear_aging_lets_an_old_long_task_pass_a_fresh_short_one():
+    # Pack values of two task slots, by hand (H_age = 10 s, rho = 1 unless set): at t = 20
+    # the long task (released at 0: g = 1 + 20/10 = 3) has Smith's ratio Delta / L = 2/8
+    # = 0.25, the short one (released at 15: g = 1.5) 1/1 = 1.
+    # additive (default): 0.25 + (3 - 1) = 2.25 against 1 + 0.5 = 1.5: the old task first;
+    # multiplied: 3 * 0.25 = 0.75 against 1.5 * 1 = 1.5: the short one first;
+    # the paper's form (log, multiplied, rho = 3): (1 + 3 log 3) / 4 = 1.07 against
+    # 1 + 3 log 1.5 = 2.22: the short one first.
+    inst = make({"A": 10}, [task("t", 0, stage("s", "A", 5, 5))], capacity=100)
+    view = SimpleNamespace(
+        release=np.array([0.0, 15.0]), share=np.array([2.0, 1.0]), length=np.array([8.0, 1.0])
+    )
+    expected = {
+        "topas:age_scale=10": [2.25, 1.5],
+        "topas:age_scale=10,additive=0": [0.75, 1.5],
+        "topas:age_scale=10,age_form=log,additive=0,aging=3": [
+            (1 + 3 * math.log(3)) / 4,
+            1 + 3 * math.log(1.5),
+        ],
+    }
+    for spec, values in expected.items():
+        _, value = ready(spec, inst)._values(view, 20.0)
+        assert value.tolist() == pytest.approx(values), spec
 
 
 def busy_b(decoded: int) -> tuple:
