@@ -443,14 +443,13 @@ class TOPAS(Policy):
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
-        if self.search not in SEARCH_MODES:
-            raise InputError(
-                f"search: unknown mode {self.search!r} (valid: {', '.join(SEARCH_MODES)})"
-            )
-        if self.age_form not in AGE_FORMS:
-            raise InputError(
-                f"age_form: unknown form {self.age_form!r} (valid: {', '.join(AGE_FORMS)})"
-            )
+        for name, what, valid in (
+            ("search", "mode", SEARCH_MODES),
+            ("age_form", "form", AGE_FORMS),
+        ):
+            value = getattr(self, name)
+            if value not in valid:
+                raise InputError(f"{name}: unknown {what} {value!r} (valid: {', '.join(valid)})")
         if self.enumerate_max < 0 or self.max_changes < 1:
             raise InputError("enumerate_max must be >= 0 and max_changes >= 1")
         self.model = ServiceModel()
