@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -73,6 +74,18 @@ def test_queue_order_keeps_every_request_and_sglangs_untagged_slots(case):
     tagged_body = [r.rid for r in body if r.rid[0] == "t"]
     admitted = [f"{t}/{s}" for t, s in decision.admit]
     assert tagged_body[: len(admitted)] == admitted
+    # and the other tagged ones follow in SGLang's order
+    others = [r.rid for r in waiting if r.rid[0] == "t" and r.rid not in admitted]
+    assert tagged_body[len(admitted) :] == [rid for rid in others if rid in tagged_body]
+
+
+def test_queue_order_refuses_an_admission_that_is_not_queued():
+    # a decision that admits a running request (or one twice) is a bug, not a reorder
+    task = Task("t0", 0.0, (Stage("s", "a", 4, 2),))
+    run, plain = _req("t0/s", encode(task, "s", 8)), _req("u0")
+    obs = observe([plain], [run], {})
+    with pytest.raises(ValueError, match="not queued"):
+        queue_order([plain], obs, Decision(admit=(("t0", "s"),)), idle=False)
 
 
 @given(seq=st.lists(st.integers(0, 50), unique=True), data=st.data())

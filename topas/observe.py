@@ -114,17 +114,23 @@ class Observer:
     ) -> State:
         """The State of this round (arguments as :func:`observed_state`'s)."""
         by_task: dict[str, dict[str, Request]] = {}
+        release: dict[str, float] = {}  # task -> its first request's release
         for r in requests:
-            seen = by_task.setdefault(r.task.id, {})
+            tid = r.task.id
+            seen = by_task.get(tid)
+            if seen is None:
+                by_task[tid] = {r.stage: r}
+                release[tid] = r.release
+                continue
             if r.stage in seen:
-                raise ObservationError(f"stage {r.task.id}/{r.stage} observed twice")
-            if seen and next(iter(seen.values())).task != r.task:
-                raise ObservationError(f"task {r.task.id}: requests carry different DAGs")
+                raise ObservationError(f"stage {tid}/{r.stage} observed twice")
+            if next(iter(seen.values())).task != r.task:
+                raise ObservationError(f"task {tid}: requests carry different DAGs")
             seen[r.stage] = r
         try:
             return self._update(
-                server, prefix_tokens, requests, by_task, resident, now, kv_need, finished,
-                kv_estimate, on_host,
+                server, prefix_tokens, requests, by_task, release, resident, now, kv_need,
+                finished, kv_estimate, on_host,
             )  # fmt: skip
         except BaseException:
             self._state, self._known = None, {}  # half changed: the next round starts afresh
@@ -136,6 +142,7 @@ class Observer:
         prefix_tokens: Mapping[str, int],
         requests: Sequence[Request],
         by_task: dict[str, dict[str, Request]],
+        release: dict[str, float],
         resident: Iterable[str],
         now: float,
         kv_need: KvNeed,
@@ -165,7 +172,7 @@ class Observer:
         state.kv_committed = 0
         for agent in resident:
             _make_resident(state, agent)
-        order = sorted(by_task, key=lambda tid: next(iter(by_task[tid].values())).release)
+        order = sorted(by_task, key=release.__getitem__)  # stable: ties in observed order
         known, self._known = self._known, {}
         for tid in known.keys() - by_task.keys():  # left the view
             _drop_task(state, tid, known[tid].info)
@@ -198,14 +205,13 @@ class Observer:
         TaskInfo, phases, ``unfinished`` count and epoch as the state holds them."""
         first = next(iter(reqs.values()))
         task = first.task
+        same = known is not None and known.task is task and known.info.release == first.release
+        if same and known.reqs == tuple(reqs.values()) and known.seen[1] == finished:
+            return self._keep(state, known, reqs)  # the very requests of the last round
         seen = (frozenset([(sid, r.running) for sid, r in reqs.items()]), finished)
-        if known is not None and known.task is task and known.info.release == first.release:
-            if known.seen == seen:  # unchanged: only its running stages are added again
-                for sid, r in reqs.items():
-                    if r.running:
-                        _add_running(state, (task.id, sid), r)
-                self._known[task.id] = known
-                return known.queued
+        if same:
+            if known.seen == seen:  # unchanged as far as phases go
+                return self._keep(state, known, reqs)
             info = known.info
         else:
             info = TaskInfo.of(task, first.release)
@@ -214,11 +220,22 @@ class Observer:
         state.tasks[task.id] = info
         queued = _add_phases(state, info, task, reqs, finished)
         stamp_task(state, task.id)
-        self._known[task.id] = _Known(task, info, seen, queued)
+        self._known[task.id] = _Known(task, info, seen, queued, tuple(reqs.values()))
         return queued
 
+    def _keep(self, state: State, known: _Known, reqs: dict[str, Request]) -> set[tuple[str, str]]:
+        """A task unchanged since the last round: only its running stages are added again
+        (the running stages are rebuilt every round); returns its queued stages."""
+        tid = known.task.id
+        for sid, r in reqs.items():
+            if r.running:
+                _add_running(state, (tid, sid), r)
+        known.reqs = tuple(reqs.values())
+        self._known[tid] = known
+        return known.queued
 
-@dataclass(frozen=True)
+
+@dataclass
 class _Known:
     """What an :class:`Observer` remembers of a task from the last round."""
 
@@ -226,6 +243,7 @@ class _Known:
     info: TaskInfo
     seen: tuple[frozenset[tuple[str, bool]], frozenset[str]]  # its requests, finished stages
     queued: set[tuple[str, str]]
+    reqs: tuple[Request, ...]  # its Request objects (an engine adapter reuses unchanged ones)
 
 
 _NONE: frozenset[str] = frozenset()

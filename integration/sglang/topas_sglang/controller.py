@@ -28,6 +28,7 @@ to read the chunked-prefill size from its server args.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -391,21 +392,31 @@ class Controller:
 def queue_order(waiting: list, obs: Observation, decision: Decision, idle: bool):  # type: ignore[no-untyped-def]
     """``waiting`` with its tagged requests in the decision's order (admitted first, in
     prefill order; then the others in their SGLang order) and the held ones at the tail.
+    Untagged requests keep their places.
 
     ``idle``: nothing is running. Then holding back is not allowed unless the decision
     admits something, or the server would idle while requests wait.
     """
-    tagged = {id(r) for r in obs.reqs.values()}
-    queued = [r for r in waiting if id(r) in tagged]
-    admit = [obs.reqs[ref] for ref in decision.admit if ref in obs.reqs]
-    held = [obs.reqs[ref] for ref in decision.held if ref in obs.reqs]
-    if idle and not admit:
-        held = []
-    first = {id(r) for r in admit + held}
-    ranked = admit + [r for r in queued if id(r) not in first]
-    held_ids = {id(r) for r in held}
-    body = [r for r in waiting if id(r) not in held_ids]
-    return refill(body, ranked) + held, held
+    reqs = obs.reqs
+    admit = [reqs[ref] for ref in decision.admit if ref in reqs]
+    held = [reqs[ref] for ref in decision.held if ref in reqs] if admit or not idle else []
+    tagged = set(map(id, reqs.values()))
+    moved = set(map(id, admit))  # placed first
+    held_ids = set(map(id, held))
+    queued = {id(r) for r in waiting if id(r) in tagged}
+    if not (moved | held_ids) <= queued or len(moved) + len(held_ids) != len(moved | held_ids):
+        raise ValueError("queue_order: an admitted or held request is not queued, or twice")
+    moved |= held_ids
+    fill = itertools.chain(admit, (r for r in waiting if id(r) in queued and id(r) not in moved))
+    order = []  # the tagged, unheld places filled by `fill`; the untagged keep theirs
+    for r in waiting:
+        i = id(r)
+        if i in held_ids:
+            continue
+        order.append(next(fill, None) if i in queued else r)
+    if next(fill, None) is not None or None in order:
+        raise ValueError("queue_order: a request is queued twice")
+    return order + held, held
 
 
 def refill(seq: list, ranked: list, key: Callable[[Any], Any] = id) -> list:
