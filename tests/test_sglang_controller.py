@@ -17,7 +17,7 @@ from topas.instance import Stage, Task
 from topas.state import Decision
 from topas.workflow_metadata import encode
 from topas_sglang.adapter import observe
-from topas_sglang.controller import queue_order, refill
+from topas_sglang.controller import Controller, queue_order, refill
 
 
 def _req(rid: str, params=None):  # type: ignore[no-untyped-def]
@@ -98,3 +98,25 @@ def test_refill_puts_a_reordering_into_the_same_slots(seq, data):
     assert [i for i, x in enumerate(out) if x in chosen] == [
         i for i, x in enumerate(seq) if x in chosen
     ]
+
+
+def test_kv_needs_are_remembered_only_while_their_inputs_hold():
+    # t0/s: input 40, predicted output 20, agent a with a 100-token prompt, 1000 tokens of
+    # KV: SGLang reserves 40 + max(20, g + 1) (topas.kv.reservation), at most 900.
+    c = Controller()
+    c.prefix_tokens = {"a": 100}
+    t0 = Task("t0", 0.0, (Stage("s", "a", 40, 20),))
+    need = c._need_rule({"t0": t0}, 1000)
+    assert need(("t0", "s"), 0) == 60 and c._needs == {("t0", "s"): 60}
+    assert need(("t0", "s"), 30) == 71  # generated tokens: computed, not remembered
+    assert c._needs == {("t0", "s"): 60}
+    # a longer prompt leaves less room: a stage of 950 tokens is clipped to what is left
+    big = Task("t1", 0.0, (Stage("s", "a", 900, 50),))
+    c.prefix_tokens = {"a": 100}
+    assert c._need_rule({"t1": big}, 1000)(("t1", "s"), 0) == 900
+    c.prefix_tokens = {"a": 200}
+    assert c._need_rule({"t1": big}, 1000)(("t1", "s"), 0) == 800  # forgotten, recomputed
+    # a task forgotten, or seen again with another DAG, loses what was remembered of it
+    c._noted["t1"] = big
+    c._forget("t1")
+    assert ("t1", "s") not in c._needs

@@ -516,11 +516,15 @@ class Planner:
         return self._status[agent]
 
     def cost(self, ref: StageRef) -> int:
-        agent = self.state.agent_of(ref)
-        extra = (
-            self.state.prefixes[agent].tokens if self._status[agent] == PrefixStatus.ABSENT else 0
-        )
-        return self.state.need(ref) + extra
+        return self._cost(ref, self.state.agent_of(ref))
+
+    def _cost(self, ref: StageRef, agent: str) -> int:
+        """:meth:`cost` for a stage of ``agent`` (policies call it per waiting stage)."""
+        state = self.state
+        need = state.kv_need(ref, state.generated.get(ref, 0))  # State.need
+        if self._status[agent] is PrefixStatus.ABSENT:
+            need += state.prefixes[agent].tokens
+        return need
 
     def fits(self, ref: StageRef) -> bool:
         return self.free_slots >= 1 and self.cost(ref) <= self.free_kv
@@ -565,10 +569,10 @@ class Planner:
         """Admit ``ref`` if it fits, evicting on demand. Returns whether it was admitted."""
         if self.free_slots < 1:
             return False
-        order = None if evict_order is None else list(evict_order)  # read it twice below
         agent = self.state.agent_of(ref)
-        cost = self.cost(ref)
+        cost = self._cost(ref, agent)
         if cost > self.free_kv:
+            order = None if evict_order is None else list(evict_order)  # read twice below
             if cost > self.free_kv + self._evictable_tokens(agent, order):
                 return False
             for victim in self.evictable(order):
@@ -576,10 +580,10 @@ class Planner:
                     break
                 if victim != agent:
                     self.do_evict(victim)
-            cost = self.cost(ref)
+            cost = self._cost(ref, agent)
             if cost > self.free_kv:
                 return False
-        if self._status[agent] == PrefixStatus.ABSENT:
+        if self._status[agent] is PrefixStatus.ABSENT:
             self._status[agent] = PrefixStatus.LOADING
         self._users[agent] += 1
         self.free_kv -= cost

@@ -45,7 +45,7 @@ from topas.observe import Observer
 from topas.policies import make_policy
 from topas.policies.base import Policy, PolicyContext
 from topas.profiles import DEFAULT_PROFILE, get_profile
-from topas.state import Decision, State
+from topas.state import Decision, KvNeed, State
 from topas.workflow_metadata import MetadataError
 from topas_sglang.adapter import Memo, Observation, metadata, observe
 from topas_sglang.metrics import Exporter, metrics_enabled
@@ -152,6 +152,8 @@ class Controller:
         self.prefix_tokens: dict[str, int] = {}
         self.prompt_nodes: dict[str, int] = {}  # agent -> node its cached prompt ends in
         self._noted: dict[str, Any] = {}  # task -> its Task, once its agents are noted
+        self._needs: dict[tuple[str, str], int] = {}  # stage -> its KV need (_need_rule)
+        self._needs_for: frozenset[tuple[str, int]] = frozenset()  # the prompt lengths then
         self._policy: Policy | None = None
         self._policy_agents: frozenset[tuple[str, int]] = frozenset()
         self._server: ServerSpec | None = None
@@ -289,6 +291,7 @@ class Controller:
             self.stats.malformed += len(obs.errors)
 
     def _forget(self, tid: str) -> None:
+        self._drop_needs(tid)
         for d in (self.finished, self.releases, self.task_size, self._noted):
             d.pop(tid, None)
 
@@ -306,6 +309,8 @@ class Controller:
         for tid, task in tasks.items():
             if self._noted.get(tid) is task:
                 continue  # its agents are noted (the adapter shares one Task per task)
+            if tid in self._noted:  # another DAG under a known id: its needs are stale
+                self._drop_needs(tid)
             self._noted[tid] = task
             for x in task.stages:  # an agent nobody told the length of: a 0-token prompt
                 self.prefix_tokens.setdefault(x.agent, 0)
@@ -317,14 +322,40 @@ class Controller:
             obs.requests,
             resident,
             now,
-            sglang_kv_need(  # what SGLang's PrefillAdder reserves (topas.kv.reservation)
-                lambda ref: tasks[ref[0]].stage_by_id[ref[1]],
-                lambda agent: self.prefix_tokens.get(agent, 0),
-                server.kv_capacity_tokens,
-            ),
+            self._need_rule(tasks, server.kv_capacity_tokens),
             {tid: done for tid, done in self.finished.items() if tid in tasks},
             on_host=on_host,
         )
+
+    def _need_rule(self, tasks: dict[str, Any], capacity: int) -> KvNeed:
+        """What SGLang's PrefillAdder reserves for a stage (:func:`topas.kv.reservation`),
+        remembered between rounds for stages with nothing generated (every queued stage but
+        a retracted one; a policy asks for each many times a round). The memory is kept
+        while the prompt lengths are unchanged, and per task while its Task is."""
+        prompts = frozenset(self.prefix_tokens.items())
+        if prompts != self._needs_for:
+            self._needs, self._needs_for = {}, prompts
+        rule = sglang_kv_need(
+            lambda ref: tasks[ref[0]].stage_by_id[ref[1]],
+            lambda agent: self.prefix_tokens.get(agent, 0),
+            capacity,
+        )
+        needs = self._needs
+
+        def need(ref: tuple[str, str], generated: int) -> int:
+            if generated:
+                return rule(ref, generated)
+            n = needs.get(ref)
+            if n is None:
+                n = needs[ref] = rule(ref, 0)
+            return n
+
+        return need
+
+    def _drop_needs(self, tid: str) -> None:
+        task = self._noted.get(tid)
+        for x in task.stages if task is not None else ():
+            self._needs.pop((tid, x.id), None)
 
     def _server_spec(self) -> ServerSpec:
         if self._server is None:
