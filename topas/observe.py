@@ -113,24 +113,17 @@ class Observer:
         on_host: Iterable[str] | None = None,
     ) -> State:
         """The State of this round (arguments as :func:`observed_state`'s)."""
-        by_task: dict[str, dict[str, Request]] = {}
-        release: dict[str, float] = {}  # task -> its first request's release
+        by_task: dict[str, list[Request]] = {}  # task -> its requests, in observed order
         for r in requests:
-            tid = r.task.id
-            seen = by_task.get(tid)
-            if seen is None:
-                by_task[tid] = {r.stage: r}
-                release[tid] = r.release
-                continue
-            if r.stage in seen:
-                raise ObservationError(f"stage {tid}/{r.stage} observed twice")
-            if next(iter(seen.values())).task != r.task:
-                raise ObservationError(f"task {tid}: requests carry different DAGs")
-            seen[r.stage] = r
+            group = by_task.get(r.task.id)
+            if group is None:
+                by_task[r.task.id] = [r]
+            else:
+                group.append(r)
         try:
             return self._update(
-                server, prefix_tokens, requests, by_task, release, resident, now, kv_need,
-                finished, kv_estimate, on_host,
+                server, prefix_tokens, requests, by_task, resident, now, kv_need, finished,
+                kv_estimate, on_host,
             )  # fmt: skip
         except BaseException:
             self._state, self._known = None, {}  # half changed: the next round starts afresh
@@ -141,8 +134,7 @@ class Observer:
         server: ServerSpec,
         prefix_tokens: Mapping[str, int],
         requests: Sequence[Request],
-        by_task: dict[str, dict[str, Request]],
-        release: dict[str, float],
+        by_task: dict[str, list[Request]],
         resident: Iterable[str],
         now: float,
         kv_need: KvNeed,
@@ -172,43 +164,40 @@ class Observer:
         state.kv_committed = 0
         for agent in resident:
             _make_resident(state, agent)
-        order = sorted(by_task, key=release.__getitem__)  # stable: ties in observed order
+        # registered by the release of each task's first request; ties in observed order
+        order = sorted(by_task, key=lambda tid: by_task[tid][0].release)
         known, self._known = self._known, {}
         for tid in known.keys() - by_task.keys():  # left the view
             _drop_task(state, tid, known[tid].info)
-        queued: set[tuple[str, str]] = set()
         finished = finished or {}
         for tid in order:
             done = finished.get(tid)
-            done = frozenset(done) if done else _NONE
-            queued |= self._add_task(state, by_task[tid], done, known.get(tid))
+            self._add_task(state, by_task[tid], frozenset(done) if done else _NONE, known.get(tid))
         if list(state.tasks) != order:  # registered by release, as a fresh state's
             state.tasks = {tid: state.tasks[tid] for tid in order}
-        for r in requests:
-            ref = (r.task.id, r.stage)
-            if ref not in queued:
+        for r in requests:  # every observed stage not running is queued (_add_phases)
+            if r.running:
                 continue
+            ref = (r.task.id, r.stage)
             enqueue_stage(state, ref, r.queued_at)
             if r.generated:
                 state.generated[ref] = r.generated
         return state
 
     def _add_task(
-        self,
-        state: State,
-        reqs: dict[str, Request],
-        finished: frozenset[str],
-        known: _Known | None,
-    ) -> set[tuple[str, str]]:
-        """Register one task's phases; returns its queued stages. A task seen with the same
+        self, state: State, group: list[Request], finished: frozenset[str], known: _Known | None
+    ) -> None:
+        """Register the phases of one task, observed as ``group``. A task seen with the same
         requests (each queued or running) and finished stages as last round keeps its
         TaskInfo, phases, ``unfinished`` count and epoch as the state holds them."""
-        first = next(iter(reqs.values()))
+        first = group[0]
         task = first.task
+        reqs = tuple(group)
         same = known is not None and known.task is task and known.info.release == first.release
-        if same and known.reqs == tuple(reqs.values()) and known.seen[1] == finished:
+        if same and known.reqs == reqs and known.seen[1] == finished:
             return self._keep(state, known, reqs)  # the very requests of the last round
-        seen = (frozenset([(sid, r.running) for sid, r in reqs.items()]), finished)
+        by_stage = _by_stage(group)
+        seen = (frozenset([(sid, r.running) for sid, r in by_stage.items()]), finished)
         if same:
             if known.seen == seen:  # unchanged as far as phases go
                 return self._keep(state, known, reqs)
@@ -218,21 +207,33 @@ class Observer:
         if known is not None:  # its entries are overwritten; a stage it no longer has goes
             _drop_phases(state, task.id, known.info)
         state.tasks[task.id] = info
-        queued = _add_phases(state, info, task, reqs, finished)
+        _add_phases(state, info, task, by_stage, finished)
         stamp_task(state, task.id)
-        self._known[task.id] = _Known(task, info, seen, queued, tuple(reqs.values()))
-        return queued
+        self._known[task.id] = _Known(task, info, seen, reqs)
 
-    def _keep(self, state: State, known: _Known, reqs: dict[str, Request]) -> set[tuple[str, str]]:
+    def _keep(self, state: State, known: _Known, reqs: tuple[Request, ...]) -> None:
         """A task unchanged since the last round: only its running stages are added again
-        (the running stages are rebuilt every round); returns its queued stages."""
+        (the running stages are rebuilt every round)."""
         tid = known.task.id
-        for sid, r in reqs.items():
+        for r in reqs:
             if r.running:
-                _add_running(state, (tid, sid), r)
-        known.reqs = tuple(reqs.values())
+                _add_running(state, (tid, r.stage), r)
+        known.reqs = reqs
         self._known[tid] = known
-        return known.queued
+
+
+def _by_stage(group: list[Request]) -> dict[str, Request]:
+    """One task's requests by stage; ObservationError if a stage is observed twice or
+    two requests carry different DAGs."""
+    first = group[0]
+    out: dict[str, Request] = {}
+    for r in group:
+        if r.stage in out:
+            raise ObservationError(f"stage {first.task.id}/{r.stage} observed twice")
+        if r.task is not first.task and r.task != first.task:
+            raise ObservationError(f"task {first.task.id}: requests carry different DAGs")
+        out[r.stage] = r
+    return out
 
 
 @dataclass
@@ -242,7 +243,6 @@ class _Known:
     task: Task
     info: TaskInfo
     seen: tuple[frozenset[tuple[str, bool]], frozenset[str]]  # its requests, finished stages
-    queued: set[tuple[str, str]]
     reqs: tuple[Request, ...]  # its Request objects (an engine adapter reuses unchanged ones)
 
 
@@ -270,14 +270,14 @@ def _make_resident(state: State, agent: str) -> None:
 
 def _add_phases(
     state: State, info: TaskInfo, task: Task, reqs: dict[str, Request], finished: frozenset[str]
-) -> set[tuple[str, str]]:
-    """Set the phase of each of the task's stages; returns its queued stages."""
+) -> None:
+    """Set the phase of each of the task's stages. A stage observed and not running is
+    WAITING (one finished, or an ancestor of another observed, is an ObservationError)."""
     clash = finished & reqs.keys()
     if clash:
         raise ObservationError(f"stage {task.id}/{sorted(clash)[0]} finished and observed")
     done = _ancestors(task, reqs) | finished
     state.unfinished[task.id] = len(task.stages) - len(done)
-    queued = set()
     for sid in info.topo_order:
         ref = (task.id, sid)
         r = reqs.get(sid)
@@ -288,9 +288,7 @@ def _add_phases(
         elif r.running:
             _add_running(state, ref, r)
         else:
-            queued.add(ref)
             state.phase[ref] = Phase.WAITING
-    return queued
 
 
 def _add_running(state: State, ref: tuple[str, str], r: Request) -> None:

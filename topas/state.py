@@ -583,13 +583,23 @@ class Planner:
             cost = self._cost(ref, agent)
             if cost > self.free_kv:
                 return False
+        self._take(ref, agent, cost)
+        return True
+
+    def admit_priced(self, ref: StageRef, cost: int) -> None:
+        """Admit ``ref``, whose :meth:`cost` the caller has just read and found to fit the
+        free KV (:meth:`try_admit` without pricing it again or evicting)."""
+        if self.free_slots < 1 or cost > self.free_kv:
+            raise InfeasibleDecision(f"plan: {ref[0]}/{ref[1]} does not fit")
+        self._take(ref, self.state.agent_of(ref), cost)
+
+    def _take(self, ref: StageRef, agent: str, cost: int) -> None:
         if self._status[agent] is PrefixStatus.ABSENT:
             self._status[agent] = PrefixStatus.LOADING
         self._users[agent] += 1
         self.free_kv -= cost
         self.free_slots -= 1
         self.admit.append(ref)
-        return True
 
     def _evictable_tokens(self, keep: str, order: Iterable[str] | None) -> int:
         names = self.evictable(None if order is None else list(order))

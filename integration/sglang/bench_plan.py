@@ -67,6 +67,8 @@ def setup(waiting: int, eviction: str) -> tuple[Any, Any, list, Any]:  # type: i
     for ids in prompts.values():
         insert_prompt(cache, ids)
     reqs = [payload_req(stage_payload(inst, t, t.topo_order[0], prompts)) for t in inst.tasks]
+    for i, req in enumerate(reqs):  # queued in task order, as the scheduler stamps on entry
+        req.time_stats.wait_queue_entry_time = 1.0 + i
     policy = SchedulePolicy("lpm", cache, False, False, False)
     return cache, policy, reqs[RUNNING:], ScheduleBatch(reqs=reqs[:RUNNING])
 

@@ -419,7 +419,7 @@ class TOPASGreedy(Policy):
                 if shadow is None or shadow.allows(
                     self._service(state, ref), cost, state.agent_of(ref)
                 ):
-                    plan.try_admit(ref)
+                    plan.admit_priced(ref, cost)
                     room = None
                 else:
                     reserved_out.append(ref)

@@ -25,6 +25,8 @@ class Observation:
 
     requests: list[Request] = field(default_factory=list)
     reqs: dict[tuple[str, str], Any] = field(default_factory=dict)  # stage -> SGLang Req
+    tasks: dict[str, Task] = field(default_factory=dict)  # task id -> its Task
+    speakers: dict[str, Any] = field(default_factory=dict)  # agent -> a request of its own
     prefix_tokens: dict[str, int] = field(default_factory=dict)  # agent -> prompt length
     # (a request's own agent as it says; the task's other agents as its metadata tells)
     untagged: list[Any] = field(default_factory=list)
@@ -47,21 +49,23 @@ def metadata(req: Any) -> StageMeta:
 @functools.lru_cache(maxsize=1 << 16)
 def _decode_raw(raw: str) -> StageMeta:
     meta = decode({KEY: raw})
+    told = frozenset(meta.prefixes.items())
+    prefixes = _PREFIXES.get(told)
+    if prefixes is None:
+        if len(_PREFIXES) >= 1 << 12:
+            _PREFIXES.clear()
+        prefixes = _PREFIXES[told] = meta.prefixes
     task = _TASKS.get(meta.task.id)
-    if task is not None and task == meta.task:
-        return dataclasses.replace(meta, task=task)
-    if len(_TASKS) >= 1 << 16:
-        _TASKS.clear()
-    _TASKS[meta.task.id] = meta.task
-    return meta
+    if task is None or task != meta.task:
+        if len(_TASKS) >= 1 << 16:
+            _TASKS.clear()
+        task = _TASKS[meta.task.id] = meta.task
+    return dataclasses.replace(meta, task=task, prefixes=prefixes)
 
 
 _TASKS: dict[str, Task] = {}  # task id -> the Task its decoded requests share
-
-
-def _finished(req: Any) -> bool:
-    done = getattr(req, "finished", None)
-    return bool(done()) if callable(done) else False
+_PREFIXES: dict[frozenset, Mapping[str, int]] = {}  # the prompt lengths they share
+# (one object for equal ones: observe reads each once a round, not once per task)
 
 
 def queued_at(req: Any) -> float:
@@ -93,17 +97,19 @@ def observe(
     own: dict[str, int] = {}  # agent -> its prompt length, as its own request says
     last: Memo = memo if memo is not None else {}  # read only until the loop is over
     seen: Memo = {}
-    requests, reqs = obs.requests, obs.reqs
+    requests, reqs, tasks, speakers = obs.requests, obs.reqs, obs.tasks, obs.speakers
     for queue, is_running in ((waiting, False), (running, True)):
         for req in queue:
-            if _finished(req):  # SGLang is done with it: its finish signal comes on release
-                continue
-            hit = last.get(id(req))
+            done = getattr(req, "finished", None)
+            if callable(done) and done():  # SGLang is done with it: its finish signal
+                continue  # comes on release
+            key = id(req)
+            hit = last.get(key)
             if hit is None or hit[0] is not req:
                 meta = _metadata_or_error(req)
                 ref = None if isinstance(meta, MetadataError) else meta.ref
                 hit = (req, meta, None, ref)
-            seen[id(req)] = hit
+            seen[key] = hit
             _, meta, r, ref = hit
             if ref is None:
                 obs.untagged.append(req)
@@ -114,14 +120,17 @@ def observe(
                 obs.untagged.append(req)
                 obs.errors.append(f"{getattr(req, 'rid', '?')}: stage {ref} twice")
                 continue
-            t = queued_at(req)
+            t = getattr(getattr(req, "time_stats", None), "wait_queue_entry_time", None)
+            if t.__class__ is not float or t <= 0:  # not SGLang's usual: the general rule
+                t = queued_at(req)
             tid = ref[0]
             release = releases.get(tid)
             if release is None:
                 release = releases[tid] = t
             elif t < release:
                 release = t
-            generated = len(getattr(req, "output_ids", ()) or ())
+            out = getattr(req, "output_ids", None)
+            generated = len(out) if out else 0
             if (
                 r is None
                 or r.queued_at != t
@@ -130,13 +139,16 @@ def observe(
                 or r.release != release
             ):
                 r = Request(meta.task, meta.stage, release, t, is_running, generated=generated)
-                seen[id(req)] = (req, meta, r, ref)
+                seen[key] = (req, meta, r, ref)
             requests.append(r)
             reqs[ref] = req
             if tid not in told:
                 told[tid] = meta.prefixes
+                tasks[tid] = meta.task
             own[meta.agent] = meta.prefix_tokens
-    for prefixes in told.values():  # the tasks' other agents, as their first request tells
+            speakers[meta.agent] = req
+    unique = {id(p): p for p in told.values()}  # shared by tasks that tell the same
+    for prefixes in unique.values():  # the tasks' other agents, as their first request tells
         for agent, n in prefixes.items():
             obs.prefix_tokens.setdefault(agent, n)
     obs.prefix_tokens.update(own)  # a request's own agent, as it says (the last one wins)

@@ -265,15 +265,14 @@ class Controller:
     def _note_finished(self, obs: Observation) -> None:
         """Counts the stages signalled finished that are seen again (the client sent one
         twice), which are then in flight, not finished; forgets tasks done and gone."""
-        present = set(obs.reqs)
-        for tid, sid in present:
+        for tid, sid in obs.reqs:
             done = self.finished.get(tid)
             if done and sid in done:
                 done.discard(sid)
                 self.stats.reappeared += 1
-        for r in obs.requests:
-            self.task_size[r.task.id] = len(r.task.stages)
-        active = {tid for tid, _ in present}
+        for tid, task in obs.tasks.items():
+            self.task_size[tid] = len(task.stages)
+        active = set(obs.tasks)
         for tid in (self._active | self._signalled) - active:  # left the view, or signalled
             if len(self.finished.get(tid, ())) >= self.task_size.get(tid, 0):
                 self._forget(tid)  # every stage done
@@ -298,14 +297,12 @@ class Controller:
     def _state(self, obs: Observation, now: float, observer: Observer | None = None) -> State:
         """The State of this round, built by ``observer`` (default: the rounds' own, which
         changes its state in place from round to round)."""
-        for r in obs.requests:
-            agent = r.task.stage_by_id[r.stage].agent
+        for agent, req in obs.speakers.items():
             if agent not in self.prompt_ids:  # the agent's prompt: its requests' first ids
-                req = obs.reqs[(r.task.id, r.stage)]
                 n = obs.prefix_tokens[agent]
                 self.prompt_ids[agent] = array("q", list(req.origin_input_ids[:n]))
         self.prefix_tokens.update(obs.prefix_tokens)
-        tasks = {r.task.id: r.task for r in obs.requests}
+        tasks = obs.tasks
         for tid, task in tasks.items():
             if self._noted.get(tid) is task:
                 continue  # its agents are noted (the adapter shares one Task per task)
