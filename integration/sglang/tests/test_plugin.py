@@ -565,23 +565,39 @@ def test_openai_completions_carry_the_metadata_to_the_scheduler():
     assert decode(params.custom_params).ref == ("t0", "b") and params.max_new_tokens == 3
 
 
-def test_more_than_one_rank_is_refused_at_start_with_one_line():
-    # TOPAS's plans read the scheduler's clock, which differs between ranks: until every
-    # rank is shown to decide alike, --tp-size 2 (and dp, pp) stop the server at start
+@pytest.mark.parametrize("flag", ["--dp-size", "--pp-size"])
+def test_data_and_pipeline_parallelism_are_refused_at_start_with_one_line(flag):
+    # the plan is shared across one tensor-parallel group (topas_sglang.ranks); several
+    # schedulers (dp) or micro-batches in flight (pp) are untested and stop the server
     from sglang.srt.server_args import prepare_server_args
 
     from topas_sglang.plugin import UnsupportedSetting
 
-    args = prepare_server_args(["--model-path", "dummy", "--tp-size", "2",
+    args = prepare_server_args(["--model-path", "dummy", flag, "2",
                                 "--radix-eviction-policy", "topas"])  # fmt: skip
-    with pytest.raises(UnsupportedSetting, match="does not support --tp-size 2") as err:
+    with pytest.raises(UnsupportedSetting, match=f"does not support {flag} 2") as err:
         args.check_server_args()  # hooked: the plugin's check runs first
     assert "\n" not in str(err.value)
-    plain = prepare_server_args(["--model-path", "dummy", "--tp-size", "2"])
-    try:  # without TOPAS the plugin says nothing (SGLang's own checks may still object)
-        plain.check_server_args()
+    plain = prepare_server_args(["--model-path", "dummy", flag, "2"])
+    _not_refused_by_the_plugin(plain)
+
+
+def test_tensor_parallelism_passes_the_plugins_start_up_check():
+    # every TP rank takes rank 0's plan (test_ranks.py shows they decide alike)
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(["--model-path", "dummy", "--tp-size", "2",
+                                "--radix-eviction-policy", "topas"])  # fmt: skip
+    _not_refused_by_the_plugin(args)
+
+
+def _not_refused_by_the_plugin(args) -> None:  # type: ignore[no-untyped-def]
+    from topas_sglang.plugin import UnsupportedSetting
+
+    try:  # SGLang's own checks may still object (no model, no GPU)
+        args.check_server_args()
     except UnsupportedSetting:  # pragma: no cover
-        pytest.fail("the plugin refused a server that does not use TOPAS")
+        pytest.fail("the plugin refused a server it supports")
     except Exception:  # noqa: BLE001, S110
         pass
 

@@ -20,6 +20,9 @@ strategy creates it (:mod:`topas_sglang.retention`). At each ``calc_priority`` c
    rids held out of this round's admission, and eviction ranks for the agents' prompt
    nodes.
 
+With tensor parallelism only rank 0 plans; the other ranks take its plan
+(:meth:`Controller.agree`, :mod:`topas_sglang.ranks`).
+
 Untagged requests keep their places in SGLang's order; only the tagged ones are permuted
 among their own positions, and the held ones go to the tail. Membership never changes.
 The tree is reached through the cache object handed in; SGLang itself is imported only
@@ -49,6 +52,7 @@ from topas.state import Decision, KvNeed, State
 from topas.workflow_metadata import MetadataError
 from topas_sglang.adapter import Memo, Observation, metadata, observe
 from topas_sglang.metrics import Exporter, metrics_enabled
+from topas_sglang.ranks import RankLink, apply_order, check_retraction, sglang_link, word
 
 logger = logging.getLogger("topas_sglang")
 
@@ -58,6 +62,7 @@ MAX_TRACKED_TASKS = 100_000  # tasks remembered (release, finished stages) befor
 # ones not in flight are forgotten
 
 KeyFactory = Callable[[array], Any]  # prompt token ids -> the tree's key (RadixKey)
+UNRESOLVED = "unresolved"  # Controller.link before its first use
 
 
 @dataclass
@@ -75,6 +80,7 @@ class Stats:
     finished: int = 0  # SGLang's finish signals for tagged requests
     reappeared: int = 0  # stages signalled finished, then seen queued or running again
     over_budget: int = 0  # rounds that kept SGLang's order: the time budget was spent
+    followed: int = 0  # rounds and retraction orders taken from rank 0 (a TP rank > 0)
 
     def line(self) -> str:
         """One log line (``topas stats: key=value ...``), which the live bench reads."""
@@ -85,6 +91,7 @@ class Stats:
             f"retraction_orders={self.retraction_orders} fallbacks={self.fallbacks} "
             f"malformed={self.malformed} finished={self.finished} "
             f"reappeared={self.reappeared} over_budget={self.over_budget} "
+            f"followed={self.followed} "
             f"decide_s={self.decide_s:.6f} "
             f"decide_ms_per_call={per_round:.4f}"
         )
@@ -133,6 +140,7 @@ class Controller:
     held_rids: frozenset[str] = frozenset()  # this round's hold-backs (read by PrefillAdder)
     ranks: dict[int, tuple] = field(default_factory=dict)  # prompt node id -> eviction rank
     stats: Stats = field(default_factory=Stats)
+    link: RankLink | None | str = UNRESOLVED  # the TP group (rank_link); None: one rank
 
     def __post_init__(self) -> None:
         make_policy(self.policy_spec)  # a bad spec fails at server start, not mid-run
@@ -227,6 +235,42 @@ class Controller:
         if self.exporter is not None:
             self.exporter.update(self.stats)
 
+    # ------------------------------------------------------------------ TP ranks
+
+    def rank_link(self) -> RankLink | None:
+        """This scheduler's TP group (:mod:`topas_sglang.ranks`), found at first use, when
+        SGLang has published it; None with one rank. A rank that follows exports no
+        metrics: rank 0's are the server's."""
+        if isinstance(self.link, str):  # UNRESOLVED
+            self.link = sglang_link()
+            if self.link is not None and not self.link.leads:
+                self.exporter = None
+        return self.link  # type: ignore[return-value]
+
+    def follows(self) -> bool:
+        link = self.rank_link()
+        return link is not None and not link.leads
+
+    def agree(self, link: RankLink, waiting: list, order: list | None) -> list | None:
+        """Rank 0's queue order for this round on every rank: rank 0 sends ``order`` (what
+        it planned; None for SGLang's order), its hold-backs and eviction ranks; another
+        rank takes them and returns its own ``waiting`` in rank 0's order."""
+        if link.leads:
+            link.share(word(order, self.held_rids, self.ranks))
+            return order
+        w = link.share(None)
+        self.held_rids, self.ranks = w.held, dict(w.ranks)
+        self.stats.followed += 1
+        return apply_order(waiting, w)
+
+    def agree_retraction(self, link: RankLink, order: list[int], n: int) -> list[int]:
+        """Rank 0's retraction order (indices into a batch of ``n``) on every rank."""
+        if link.leads:
+            link.share(order)
+            return order
+        self.stats.followed += 1
+        return check_retraction(link.share(None), n)
+
     def retraction_order(self, reqs: Sequence, order: list[int], now: float) -> list[int]:
         """SGLang's retraction ``order`` (indices into ``reqs``, keep-first: the last is
         retracted first) with the tagged requests' slots refilled by the policy's
@@ -255,6 +299,9 @@ class Controller:
         try:
             meta = metadata(req)
         except MetadataError:
+            return
+        if self.follows():  # rank 0 plans and keeps the books
+            self.stats.finished += 1
             return
         self.finished.setdefault(meta.task.id, set()).add(meta.stage)
         self.task_size[meta.task.id] = len(meta.task.stages)

@@ -52,14 +52,23 @@ def calc_priority(original, policy, waiting_queue, running_batch=None, processed
     if controller is None or not waiting_queue:
         return result
     snapshot = list(waiting_queue)
-    try:
-        running = list(getattr(running_batch, "reqs", None) or ())
-        order = controller.plan_round(policy.tree_cache, snapshot, running, clock())
-        if order is not None:
-            waiting_queue[:] = order
-    except Exception as e:  # noqa: BLE001 - any failure: SGLang's order this round
-        waiting_queue[:] = snapshot
-        _fell_back("ordering", e, controller)
+    link = controller.rank_link()  # with TP > 1: rank 0 plans, the others follow it
+    order = None
+    if link is None or link.leads:
+        try:
+            running = list(getattr(running_batch, "reqs", None) or ())
+            order = controller.plan_round(policy.tree_cache, snapshot, running, clock())
+        except Exception as e:  # noqa: BLE001 - any failure: SGLang's order this round
+            order = None
+            _fell_back("ordering", e, controller)
+    if link is not None:
+        try:
+            order = controller.agree(link, snapshot, order)
+        except Exception as e:  # noqa: BLE001
+            order = None
+            _fell_back("ordering as rank 0 said", e, controller)
+    if order is not None:
+        waiting_queue[:] = order
     return result
 
 
@@ -108,11 +117,20 @@ def retraction_order(original, reqs):  # type: ignore[no-untyped-def]
     controller = active()
     if controller is None:
         return order
-    try:
-        return controller.retraction_order(reqs, list(order), clock())
-    except Exception as e:  # noqa: BLE001
-        _fell_back("retraction order", e, None)
-        return order
+    link = controller.rank_link()  # with TP > 1: rank 0 orders, the others follow it
+    mine = order
+    if link is None or link.leads:
+        try:
+            mine = controller.retraction_order(reqs, list(order), clock())
+        except Exception as e:  # noqa: BLE001
+            _fell_back("retraction order", e, None)
+    if link is not None:
+        try:
+            mine = controller.agree_retraction(link, list(mine), len(reqs))
+        except Exception as e:  # noqa: BLE001
+            mine = order
+            _fell_back("retraction order as rank 0 said", e, None)
+    return mine
 
 
 def request_released(original, cache, req, *args, **kwargs):  # type: ignore[no-untyped-def]

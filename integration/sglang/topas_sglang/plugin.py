@@ -60,14 +60,17 @@ class UnsupportedSetting(ValueError):
     """A server setting TOPAS cannot honour yet (raised at start-up, one line)."""
 
 
-PARALLEL_SIZES = ("tp_size", "dp_size", "pp_size")
+PARALLEL_SIZES = ("dp_size", "pp_size")
+"""Parallel settings refused above 1. Tensor parallelism is served: rank 0 plans and the
+other ranks take its plan (:mod:`topas_sglang.ranks`). Data parallelism (several
+schedulers, or DP attention's per-group queues) and pipeline parallelism (micro-batches
+in flight) are not tested, so they are refused rather than left to chance."""
 
 
 def check_topas_args(args) -> None:  # type: ignore[no-untyped-def]
-    """With ``--radix-eviction-policy topas``: refuse more than one rank (every rank must
-    take the same decision, and a plan reads the scheduler's wall clock, which differs
-    between ranks; not yet proven otherwise). A cache the strategy cannot attach to
-    (``--disable-radix-cache`` among others) is reported where the cache is built
+    """With ``--radix-eviction-policy topas``: refuse data and pipeline parallelism (see
+    :data:`PARALLEL_SIZES`). A cache the strategy cannot attach to (``--disable-radix-cache``
+    among others) is reported where the cache is built
     (:func:`topas_sglang.hooks.tree_cache_built`)."""
     if str(getattr(args, "radix_eviction_policy", "")).lower() != "topas":
         return
@@ -76,9 +79,8 @@ def check_topas_args(args) -> None:  # type: ignore[no-untyped-def]
         if isinstance(n, int) and n > 1:
             flag = "--" + name.replace("_", "-")
             raise UnsupportedSetting(
-                f"--radix-eviction-policy topas does not support {flag} {n} yet: every rank "
-                f"must take the same decision and TOPAS's plans read the scheduler's clock; "
-                f"run with {flag} 1"
+                f"--radix-eviction-policy topas does not support {flag} {n} yet: its plan is "
+                f"shared across the ranks of one tensor-parallel group only; run with {flag} 1"
             )
 
 
