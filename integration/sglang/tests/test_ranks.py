@@ -31,13 +31,14 @@ def _rank_main(rank: int, linked: bool, workdir: str) -> None:
     os.dup2(log, 2)  # this rank's log (SGLang's checker reports a divergence there)
 
     import torch.distributed as dist
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
     from sglang.srt.managers import schedule_policy
+    from sglang.srt.runtime_context import get_parallel
     from sglang.srt.utils import rank_consensus_checker as consensus
 
     from topas.workloads import generate
     from topas_sglang import hooks
     from topas_sglang.cpu_loop import EPOCH, CpuLoop, load_plugin
-    from topas_sglang.ranks import group_link
     from topas_sglang.retention import controller_of
 
     load_plugin()
@@ -65,8 +66,15 @@ def _rank_main(rank: int, linked: bool, workdir: str) -> None:
     controller = controller_of(loop.cache)
     controller.budget_ms = 0.05  # the wall clock decides which rounds rank 0 plans
     controller.policy_spec = "topas"  # the search: it holds stages back
-    if linked:
-        controller.link = group_link(dist.group.WORLD, rank, list(range(WORLD)))
+    if linked:  # SGLang's own TP group over the two processes, published as a server
+        # publishes it; the controller finds it there (ranks.sglang_link) at first use
+        tp = GroupCoordinator(group_ranks=[list(range(WORLD))], local_rank=rank,
+                              torch_distributed_backend="gloo", use_pynccl=False,
+                              use_mscclpp=False, use_custom_allreduce=False,
+                              use_torch_symm_mem_all_reduce=False, use_hpu_communicator=False,
+                              use_xpu_communicator=False, group_name="tp")  # fmt: skip
+        get_parallel().override_permanently(tp_size=WORLD, attn_tp_size=WORLD, moe_tp_size=WORLD,
+                                            tp_group=tp)  # fmt: skip
     calls = []
     original = loop.policy.calc_priority
 
@@ -80,11 +88,13 @@ def _rank_main(rank: int, linked: bool, workdir: str) -> None:
     result = loop.run()
     consensus.shutdown()  # checks the last calls
     stats = result.stats
+    link = controller.link
     Path(workdir, f"rank{rank}.json").write_text(json.dumps({
         "calls": calls, "finished": result.finished, "retractions": result.retractions,
         "followed": stats.followed, "rounds": stats.rounds,
         "retraction_orders": stats.retraction_orders, "fallbacks": stats.fallbacks,
         "held": stats.held, "over_budget": stats.over_budget, "reordered": stats.reordered,
+        "link": None if link is None else [link.rank, link.size],
     }))  # fmt: skip
     dist.destroy_process_group()
 
@@ -113,6 +123,7 @@ def _outputs(workdir: Path) -> list[dict]:
 def test_tp_ranks_decide_alike_with_rank_zeros_plan(tmp_path, monkeypatch):
     assert _run_ranks(tmp_path, linked=True, monkeypatch=monkeypatch) == [0] * WORLD
     lead, follow = _outputs(tmp_path)
+    assert [lead["link"], follow["link"]] == [[0, 2], [1, 2]]  # found in SGLang's state
     assert lead["calls"] == follow["calls"]  # every round: order, hold-backs, ranks
     assert lead["finished"] == follow["finished"] and lead["retractions"] == follow["retractions"]
     # rank 1 never planned: every call and retraction order was rank 0's
