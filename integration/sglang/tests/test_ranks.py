@@ -12,6 +12,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("sglang")
 
@@ -161,6 +163,32 @@ def test_a_follower_applies_rank_zeros_order_by_request_id():
         apply_order([a, b, _R("d")], w)
     with pytest.raises(RankMismatch, match="ordered 3 requests, this rank has 2"):
         apply_order([a, b], w)
+    with pytest.raises(RankMismatch, match="a request twice"):
+        apply_order([a, b, c], Word(("c", "a", "a"), frozenset(), ()))
     assert check_retraction([2, 0, 1], 3) == [2, 0, 1]
     with pytest.raises(RankMismatch, match="batch of 4"):
         check_retraction([2, 0, 1], 4)
+
+
+@given(st.data(), st.lists(st.text(min_size=1, max_size=6), unique=True, max_size=30))
+def test_a_followers_queue_is_rank_zeros_order_or_a_mismatch(data, rids):
+    # any permutation of the queue's rids is applied exactly; any word that names a rid
+    # the queue lacks, names one twice or leaves one out is refused, never half applied
+    queue = [_R(rid) for rid in rids]
+    order = data.draw(st.permutations(rids))
+    assert [r.rid for r in apply_order(queue, Word(tuple(order), frozenset(), ()))] == order
+    if not rids:
+        return
+    i = data.draw(st.integers(0, len(rids) - 1))
+    broken = data.draw(st.sampled_from(["stranger", "twice", "short"]))
+    bad = list(order)
+    if broken == "stranger":
+        bad[i] = "\x00" + bad[i]  # no queued rid starts with NUL
+    elif broken == "twice":
+        if len(bad) < 2:  # one rid only: nothing to repeat
+            return
+        bad[(i + 1) % len(bad)] = bad[i]
+    else:
+        bad.pop(i)
+    with pytest.raises(RankMismatch):
+        apply_order(queue, Word(tuple(bad), frozenset(), ()))

@@ -106,9 +106,12 @@ def apply_order(waiting: list, w: Word) -> list | None:
     if len(by_rid) != len(waiting) or len(w.order) != len(waiting):
         raise RankMismatch(f"rank 0 ordered {len(w.order)} requests, this rank has {len(waiting)}")
     try:
-        return [by_rid[rid] for rid in w.order]
+        order = [by_rid[rid] for rid in w.order]
     except KeyError as e:
         raise RankMismatch(f"rank 0 ordered request {e.args[0]}, not queued here") from None
+    if len(set(w.order)) != len(w.order):
+        raise RankMismatch("rank 0 ordered a request twice")
+    return order
 
 
 def check_retraction(order: list[int], n: int) -> list[int]:
