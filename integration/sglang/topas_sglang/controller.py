@@ -26,7 +26,8 @@ With tensor parallelism only rank 0 plans; the other ranks take its plan
 Untagged requests keep their places in SGLang's order; only the tagged ones are permuted
 among their own positions, and the held ones go to the tail. Membership never changes.
 The tree is reached through the cache object handed in; SGLang itself is imported only
-to read the chunked-prefill size from its server args.
+to read the chunked-prefill size from its server args and (in :mod:`topas_sglang.ranks`)
+to find its TP group and broadcast over it.
 """
 
 from __future__ import annotations
