@@ -59,7 +59,6 @@ def calc_priority(original, policy, waiting_queue, running_batch=None, processed
             running = list(getattr(running_batch, "reqs", None) or ())
             order = controller.plan_round(policy.tree_cache, snapshot, running, clock())
         except Exception as e:  # noqa: BLE001 - any failure: SGLang's order this round
-            order = None
             _fell_back("ordering", e, controller)
     if link is not None:
         try:
