@@ -1294,3 +1294,23 @@ def test_longest_tails_equal_the_heaviest_path_by_enumeration(edges, data):
     for n in g:  # every path from n (n alone included), node weights summed
         paths = [[n]] + [p for t in nx.descendants(g, n) for p in nx.all_simple_paths(g, n, t)]
         assert tails[n] == max(sum(own[m] for m in p) for p in paths)
+
+
+@st.composite
+def _dags(draw):  # type: ignore[no-untyped-def]
+    """Stages with random ids (so that id order and stage order differ) and deps on
+    earlier stages only."""
+    ids = draw(st.lists(st.text("abcxyz", min_size=1, max_size=3), min_size=1, max_size=9,
+                        unique=True))  # fmt: skip
+    stages = []
+    for i, sid in enumerate(ids):
+        deps = draw(st.lists(st.sampled_from(ids[:i]), unique=True)) if i else []
+        stages.append(Stage(sid, "a", 1, 1, tuple(deps)))
+    return Task("t", 0.0, tuple(draw(st.permutations(stages))))
+
+
+@given(task=_dags())
+def test_topo_order_is_networkx_lexicographical_topological_sort(task) -> None:
+    import networkx as nx
+
+    assert task.topo_order == tuple(nx.lexicographical_topological_sort(task.graph))

@@ -16,23 +16,26 @@ from topas.state import Phase, PrefixStatus
 from topas.workflow_metadata import decode, encode
 
 
-def _observe(inst, state, observer=None):
+def _observe(inst, state, observer=None, resident=None, now=None):
     """What a live engine would report about the simulator's ``state``: each queued and
     running request with the DAG from its metadata, the reserved KV, cached prompts; built
-    afresh, or by ``observer`` (which remembers the last round)."""
+    afresh, or by ``observer`` (which remembers the last round). ``resident`` and ``now``,
+    when given, replace the cached prompts and the clock."""
     reqs = []
     for ref, ready in state.waiting.items():
         reqs.append(_request(inst, state, ref, ready, running=False))
     for ref, run in state.running.items():
         reqs.append(_request(inst, state, ref, run.admitted_at, True, run.generated, run.reserved))
         reqs[-1] = dataclasses.replace(reqs[-1], started_at=run.started_at)
-    resident = [a for a, p in state.prefixes.items() if p.status != PrefixStatus.ABSENT]
+    if resident is None:
+        resident = [a for a, p in state.prefixes.items() if p.status != PrefixStatus.ABSENT]
     prefix = {a.id: a.prefix_tokens for a in inst.agents}
     finished: dict[str, list[str]] = {}  # the plugin records the requests it saw finish
     for (tid, sid), phase in state.phase.items():
         if phase == Phase.DONE:
             finished.setdefault(tid, []).append(sid)
-    seen = (inst.server, prefix, reqs, resident, state.time, state.kv_need, finished)
+    now = state.time if now is None else now
+    seen = (inst.server, prefix, reqs, resident, now, state.kv_need, finished)
     if observer is not None:
         return observer.state(*seen, kv_estimate=state.kv_estimate)
     return observed_state(*seen, kv_estimate=state.kv_estimate)
@@ -86,6 +89,7 @@ class CrossCheck(TOPAS):
             assert a.decide(state).admit == b.decide(seen).admit
             kept = _observe(self._inst, state, self._observer)
             self._check_observer(seen, kept)
+            self._check_repeat(state, kept)
             self._check_fast_path(kept)
             CrossCheck.checked += 1
         return super().decide(state)
@@ -105,6 +109,23 @@ class CrossCheck(TOPAS):
                 assert kept.task_epoch[tid] == last[tid][1], tid
             else:
                 assert kept.task_epoch[tid] > max((e for _, e in last.values()), default=0)
+
+    def _check_repeat(self, state, kept) -> None:  # type: ignore[no-untyped-def]
+        """The same requests seen again, later and with fewer prompts cached (the Observer
+        then keeps its tasks, phases and queue and reads the rest anew), and once more as
+        they were: each time the state a fresh observation gives, with the same epochs and
+        fresh wait stamps after the last ones."""
+        epochs = dict(kept.task_epoch)
+        resident = [a for a, p in state.prefixes.items() if p.status != PrefixStatus.ABSENT]
+        for cached, now in ((resident[1:], state.time + 1.0), (resident, state.time)):
+            last = max(kept.wait_stamp.values(), default=0)
+            fresh = _observe(self._inst, state, resident=cached, now=now)
+            again = _observe(self._inst, state, self._observer, resident=cached, now=now)
+            _same_state(fresh, again)
+            assert again.time == now and again.task_epoch == epochs
+            stamps = list(again.wait_stamp.values())
+            assert list(again.wait_stamp) == list(again.waiting)
+            assert stamps == sorted(stamps) and min(stamps, default=last + 1) > last
 
     def _check_fast_path(self, kept) -> None:  # type: ignore[no-untyped-def]
         """Two TOPAS instances kept round after round decide alike on the Observer's

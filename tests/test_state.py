@@ -10,6 +10,7 @@ and keeps the accounting exact.
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 
 import pytest
@@ -728,6 +729,36 @@ def _random_walk(inst, rnd: random.Random, steps: int, on_plan=None) -> State:
 @given(inst=random_instances(max_tasks=3, max_stages=4), rnd=st.randoms(use_true_random=False))
 def test_planner_decisions_are_always_feasible(inst, rnd):
     _random_walk(inst, rnd, rnd.randint(10, 60))
+
+
+@given(inst=random_instances(max_tasks=3, max_stages=4), rnd=st.randoms(use_true_random=False))
+def test_take_while_fits_is_cost_then_admit_priced_up_to_the_first_misfit(inst, rnd):
+    def check(state, _plan, _new):  # type: ignore[no-untyped-def]
+        order = list(state.waiting)
+        rnd.shuffle(order)
+        one, many = state.plan(), state.plan()
+        for plan in (one, many):  # a prefetch in play: a LOADING prefix costs nothing more
+            for agent in sorted(state.prefixes)[:1]:
+                plan.do_load(agent)
+        stop, after = None, None
+        for i, ref in enumerate(order):  # the loop take_while_fits stands for
+            if one.free_slots < 1:
+                break
+            cost = one.cost(ref)
+            if cost > one.free_kv:
+                stop, after = (ref, cost), order[i + 1 : i + 2]
+                break
+            one.admit_priced(ref, cost)
+        rest = iter(order)
+        assert many.take_while_fits(rest) == stop
+        if stop is not None:  # the misfit is taken from the iterator, nothing after it
+            assert list(itertools.islice(rest, 1)) == after
+        assert many.decision() == one.decision()
+        assert (many.free_kv, many.free_slots) == (one.free_kv, one.free_slots)
+        assert all(many.status(a) == one.status(a) for a in state.prefixes)
+        _apply_plan(state, many)
+
+    _random_walk(inst, rnd, rnd.randint(10, 60), on_plan=check)
 
 
 # --------------------------------------------------------------------------- WaitingQueue

@@ -10,6 +10,7 @@ This module imports nothing from the rest of the package.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 import os
@@ -240,9 +241,8 @@ class Task:
             dup = _first_duplicate(s.deps)
             if dup is not None:
                 raise InstanceError(f"{where}.stages[{s.id}].deps: duplicate dep {dup!r}")
-        graph = self.graph
-        if not nx.is_directed_acyclic_graph(graph):
-            cycle = [u for u, _ in nx.find_cycle(graph)]
+        if len(self.topo_order) < len(self.stages):  # the stages on a cycle are left out
+            cycle = [u for u, _ in nx.find_cycle(self.graph)]
             path = " -> ".join([*cycle, cycle[0]])
             raise InstanceError(f"{where}.stages: dependency cycle {path}")
 
@@ -269,7 +269,22 @@ class Task:
 
     @cached_property
     def topo_order(self) -> tuple[str, ...]:
-        return tuple(nx.lexicographical_topological_sort(self.graph))
+        """Stage ids, every stage after its deps, the smallest id first among those ready
+        (networkx's ``lexicographical_topological_sort``; Kahn's algorithm with a heap).
+        Stages on a dependency cycle are left out (``__post_init__`` refuses one)."""
+        waiting = {s.id: len(s.deps) for s in self.stages}
+        ready = [sid for sid, n in waiting.items() if n == 0]
+        heapq.heapify(ready)
+        children = self.children
+        order = []
+        while ready:
+            sid = heapq.heappop(ready)
+            order.append(sid)
+            for c in children[sid]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    heapq.heappush(ready, c)
+        return tuple(order)
 
 
 def longest_tails(

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from topas.instance import ServerSpec, Task
+from topas.instance import ServerSpec, StageRef, Task
 from topas.state import (
     KvNeed,
     Phase,
@@ -29,7 +29,6 @@ from topas.state import (
     RunInfo,
     State,
     TaskInfo,
-    enqueue_stage,
     stamp_task,
 )
 
@@ -99,6 +98,9 @@ class Observer:
         self.stamps = stamps if stamps is not None else itertools.count(1)
         self._known: dict[str, _Known] = {}
         self._state: State | None = None
+        self._seen: tuple[list[Request], dict[str, frozenset[str]]] | None = None  # the
+        # last round's requests and finished stages
+        self._runs: list[tuple[StageRef, Request]] = []  # its running stages, as added
 
     def state(
         self,
@@ -113,21 +115,63 @@ class Observer:
         on_host: Iterable[str] | None = None,
     ) -> State:
         """The State of this round (arguments as :func:`observed_state`'s)."""
-        by_task: dict[str, list[Request]] = {}  # task -> its requests, in observed order
-        for r in requests:
-            group = by_task.get(r.task.id)
-            if group is None:
-                by_task[r.task.id] = [r]
-            else:
-                group.append(r)
+        seen = (list(requests), {tid: frozenset(d) for tid, d in (finished or {}).items() if d})
+        state = self._state
         try:
-            return self._update(
-                server, prefix_tokens, requests, by_task, resident, now, kv_need, finished,
+            if (
+                state is not None
+                and seen == self._seen
+                and state.capacity == server.kv_capacity_tokens
+                and state.max_running == server.max_running
+            ):  # the same requests and finished stages as last round: the same tasks,
+                # phases and queue; only the clock, the prompts and the KV are read anew
+                self._round(state, prefix_tokens, resident, now, kv_need, kv_estimate, on_host)
+                for ref, r in self._runs:
+                    _add_running(state, ref, r)
+                _stamp_queue(state, list(state.waiting))
+                return state
+            self._seen = None
+            by_task: dict[str, list[Request]] = {}  # task -> its requests, in observed order
+            for r in requests:
+                group = by_task.get(r.task.id)
+                if group is None:
+                    by_task[r.task.id] = [r]
+                else:
+                    group.append(r)
+            state = self._update(
+                server, prefix_tokens, requests, by_task, resident, now, kv_need, seen[1],
                 kv_estimate, on_host,
             )  # fmt: skip
         except BaseException:
             self._state, self._known = None, {}  # half changed: the next round starts afresh
             raise
+        runs = {(r.task.id, r.stage): r for r in requests if r.running}
+        self._runs = [(ref, runs[ref]) for ref in state.running]
+        self._seen = seen
+        return state
+
+    @staticmethod
+    def _round(
+        state: State,
+        prefix_tokens: Mapping[str, int],
+        resident: Iterable[str],
+        now: float,
+        kv_need: KvNeed,
+        kv_estimate: KvNeed | None,
+        on_host: Iterable[str] | None,
+    ) -> None:
+        """What every round sets anew: the clock, the KV rules, the prompts and their
+        residency; the running stages are emptied (added again by the caller)."""
+        state.time, state.kv_need, state.kv_estimate = now, kv_need, kv_estimate
+        state.prefixes = {a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()}
+        if on_host is not None:
+            hosted = set(on_host)
+            for agent, p in state.prefixes.items():
+                p.host_copy = agent in hosted
+        state.running = {}
+        state.kv_committed = 0
+        for agent in resident:
+            _make_resident(state, agent)
 
     def _update(
         self,
@@ -138,7 +182,7 @@ class Observer:
         resident: Iterable[str],
         now: float,
         kv_need: KvNeed,
-        finished: Mapping[str, Iterable[str]] | None,
+        finished: Mapping[str, frozenset[str]],
         kv_estimate: KvNeed | None,
         on_host: Iterable[str] | None,
     ) -> State:
@@ -154,34 +198,25 @@ class Observer:
             )  # fmt: skip
             state.stamps = self.stamps
             self._known = {}
-        state.time, state.kv_need, state.kv_estimate = now, kv_need, kv_estimate
-        state.prefixes = {a: PrefixInfo(tokens=n) for a, n in prefix_tokens.items()}
-        if on_host is not None:
-            hosted = set(on_host)
-            for agent, p in state.prefixes.items():
-                p.host_copy = agent in hosted
-        state.running, state.waiting, state.wait_stamp, state.generated = {}, {}, {}, {}
-        state.kv_committed = 0
-        for agent in resident:
-            _make_resident(state, agent)
+        self._round(state, prefix_tokens, resident, now, kv_need, kv_estimate, on_host)
         # registered by the release of each task's first request; ties in observed order
-        order = sorted(by_task, key=lambda tid: by_task[tid][0].release)
+        firsts = [group[0].release for group in by_task.values()]
+        order = [tid for _, _, tid in sorted(zip(firsts, itertools.count(), by_task))]
         known, self._known = self._known, {}
         for tid in known.keys() - by_task.keys():  # left the view
             _drop_task(state, tid, known[tid].info)
-        finished = finished or {}
         for tid in order:
-            done = finished.get(tid)
-            self._add_task(state, by_task[tid], frozenset(done) if done else _NONE, known.get(tid))
+            self._add_task(state, by_task[tid], finished.get(tid, _NONE), known.get(tid))
         if list(state.tasks) != order:  # registered by release, as a fresh state's
             state.tasks = {tid: state.tasks[tid] for tid in order}
-        for r in requests:  # every observed stage not running is queued (_add_phases)
-            if r.running:
-                continue
-            ref = (r.task.id, r.stage)
-            enqueue_stage(state, ref, r.queued_at)
-            if r.generated:
-                state.generated[ref] = r.generated
+        # every observed stage not running is queued, in observed order (enqueue_stage)
+        queued = [r for r in requests if not r.running]
+        refs = [(r.task.id, r.stage) for r in queued]
+        state.phase.update(dict.fromkeys(refs, Phase.WAITING))
+        state.waiting = dict(zip(refs, [r.queued_at for r in queued], strict=True))
+        _stamp_queue(state, refs)
+        pairs = zip(refs, queued, strict=True)
+        state.generated = {ref: r.generated for ref, r in pairs if r.generated}
         return state
 
     def _add_task(
@@ -192,15 +227,15 @@ class Observer:
         TaskInfo, phases, ``unfinished`` count and epoch as the state holds them."""
         first = group[0]
         task = first.task
-        reqs = tuple(group)
         same = known is not None and known.task is task and known.info.release == first.release
-        if same and known.reqs == reqs and known.seen[1] == finished:
-            return self._keep(state, known, reqs)  # the very requests of the last round
+        if same and known.reqs == group and known.seen[1] == finished:
+            return self._keep(state, known)  # the very requests of the last round
         by_stage = _by_stage(group)
         seen = (frozenset([(sid, r.running) for sid, r in by_stage.items()]), finished)
         if same:
             if known.seen == seen:  # unchanged as far as phases go
-                return self._keep(state, known, reqs)
+                known.reqs, known.running = group, [r for r in group if r.running]
+                return self._keep(state, known)
             info = known.info
         else:
             info = TaskInfo.of(task, first.release)
@@ -209,16 +244,14 @@ class Observer:
         state.tasks[task.id] = info
         _add_phases(state, info, task, by_stage, finished)
         stamp_task(state, task.id)
-        self._known[task.id] = _Known(task, info, seen, reqs)
+        self._known[task.id] = _Known(task, info, seen, group)
 
-    def _keep(self, state: State, known: _Known, reqs: tuple[Request, ...]) -> None:
+    def _keep(self, state: State, known: _Known) -> None:
         """A task unchanged since the last round: only its running stages are added again
         (the running stages are rebuilt every round)."""
         tid = known.task.id
-        for r in reqs:
-            if r.running:
-                _add_running(state, (tid, r.stage), r)
-        known.reqs = reqs
+        for r in known.running:
+            _add_running(state, (tid, r.stage), r)
         self._known[tid] = known
 
 
@@ -243,10 +276,20 @@ class _Known:
     task: Task
     info: TaskInfo
     seen: tuple[frozenset[tuple[str, bool]], frozenset[str]]  # its requests, finished stages
-    reqs: tuple[Request, ...]  # its Request objects (an engine adapter reuses unchanged ones)
+    reqs: list[Request]  # its Request objects (an engine adapter reuses unchanged ones)
+    running: list[Request] = field(default_factory=list)  # those of reqs that run
+
+    def __post_init__(self) -> None:
+        self.running = [r for r in self.reqs if r.running]
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def _stamp_queue(state: State, refs: list[StageRef]) -> None:
+    """Fresh wait stamps for the queued ``refs``, in order, as :func:`enqueue_stage` gives."""
+    stamps = itertools.islice(state.stamps, len(refs))
+    state.wait_stamp = dict(zip(refs, stamps, strict=True))
 
 
 def _drop_task(state: State, tid: str, info: TaskInfo) -> None:

@@ -593,6 +593,42 @@ class Planner:
             raise InfeasibleDecision(f"plan: {ref[0]}/{ref[1]} does not fit")
         self._take(ref, self.state.agent_of(ref), cost)
 
+    def take_while_fits(self, refs: Iterator[StageRef]) -> tuple[StageRef, int] | None:
+        """Admit stages from ``refs``, in order, while each fits as the plan stands (no
+        eviction), and return the first that does not with its :meth:`cost` (taken from
+        ``refs``); None when ``refs`` or the batch slots run out. :meth:`cost` then
+        :meth:`admit_priced` for each, in one loop, for a policy that admits many stages
+        a decision."""
+        state = self.state
+        tasks, generated, prefixes = state.tasks, state.generated, state.prefixes
+        need = state.kv_need
+        status, users, admit = self._status, self._users, self.admit
+        absent, loading = PrefixStatus.ABSENT, PrefixStatus.LOADING
+        free, slots = self.free_kv, self.free_slots
+        out = None
+        try:
+            for ref in refs:
+                if slots < 1:
+                    break
+                agent = tasks[ref[0]].stages[ref[1]].agent
+                cost = need(ref, generated.get(ref, 0))  # State.need
+                if status[agent] is absent:
+                    cost += prefixes[agent].tokens
+                    if cost > free:
+                        out = (ref, cost)
+                        break
+                    status[agent] = loading
+                elif cost > free:
+                    out = (ref, cost)
+                    break
+                users[agent] += 1
+                free -= cost
+                slots -= 1
+                admit.append(ref)
+        finally:
+            self.free_kv, self.free_slots = free, slots
+        return out
+
     def _take(self, ref: StageRef, agent: str, cost: int) -> None:
         if self._status[agent] is PrefixStatus.ABSENT:
             self._status[agent] = PrefixStatus.LOADING

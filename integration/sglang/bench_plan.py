@@ -3,9 +3,12 @@
 A real ``UnifiedRadixCache`` (Python tree core) holds the agents' prompts; ``N`` tagged
 requests of a ``metagpt-sop`` instance (the first stage of ``N + 8`` tasks, built as
 ``topas serve-bench`` sends them) wait, 8 run. Each round adds one untagged request to
-the queue, so that nothing is reused and every round is planned afresh (the worst case:
-in a server an unchanged queue reuses the last plan), and calls the hooked
-``SchedulePolicy.calc_priority``, as the scheduler does. Reported per planned round:
+the queue, so that nothing is reused and every round is planned afresh (in a server an
+unchanged queue reuses the last plan), and calls the hooked
+``SchedulePolicy.calc_priority``, as the scheduler does. With ``--kinds queue`` nothing
+tagged changes between rounds, so the observed state is the last one with a new clock;
+with ``churn`` (:data:`ROUNDS`) requests finish, start, arrive and decode between rounds,
+as in a busy server. Reported per planned round:
 
 - ``plan``: the controller's own CPU time (``time.thread_time`` around ``plan_round``):
   reading the requests, building the observed state, the policy's decision, the queue
@@ -25,7 +28,7 @@ lengths the planned rounds saw. ``--replays TASKS:LOAD,...`` (default ``100:1.5,
 about 3 and 9 minutes); instance seed 1000, a tuning seed: this measures cost, not JCT.
 
     .venv-sglang/bin/python integration/sglang/bench_plan.py [--waiting 20,100,400]
-        [--policies topas,topas-greedy] [--rounds 200] [--budget-ms 0]
+        [--policies topas,topas-greedy] [--kinds queue,churn] [--rounds 200] [--budget-ms 0]
         [--replays 100:1.5,200:2] [--out DIR]
 
 Writes ``DIR/{summary.md, runs.csv, config.json}`` when ``--out`` is given.
@@ -52,8 +55,9 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def setup(waiting: int, eviction: str) -> tuple[Any, Any, list, Any]:  # type: ignore[no-untyped-def]
-    """(cache, SGLang's schedule policy, waiting requests, running batch)."""
+def setup(waiting: int, eviction: str, spare: int = 0) -> tuple[Any, Any, list, Any, list]:  # type: ignore[no-untyped-def]
+    """(cache, SGLang's schedule policy, waiting requests, running batch, ``spare`` more
+    requests of new tasks to arrive later)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -61,7 +65,7 @@ def setup(waiting: int, eviction: str) -> tuple[Any, Any, list, Any]:  # type: i
     from topas.workloads import generate
     from topas_sglang.cpu_loop import insert_prompt, make_cache, payload_req
 
-    inst = generate("metagpt-sop", num_tasks=waiting + RUNNING, seed=5, load=1.0)
+    inst = generate("metagpt-sop", num_tasks=waiting + RUNNING + spare, seed=5, load=1.0)
     prompts = prefix_ids(inst)
     cache = make_cache(eviction, 400_000, 512)
     for ids in prompts.values():
@@ -70,15 +74,32 @@ def setup(waiting: int, eviction: str) -> tuple[Any, Any, list, Any]:  # type: i
     for i, req in enumerate(reqs):  # queued in task order, as the scheduler stamps on entry
         req.time_stats.wait_queue_entry_time = 1.0 + i
     policy = SchedulePolicy("lpm", cache, False, False, False)
-    return cache, policy, reqs[RUNNING:], ScheduleBatch(reqs=reqs[:RUNNING])
+    queued = reqs[RUNNING : RUNNING + waiting]
+    return cache, policy, queued, ScheduleBatch(reqs=reqs[:RUNNING]), reqs[RUNNING + waiting :]
 
 
-def measure(waiting: int, spec: str | None, rounds: int, budget_ms: float) -> dict[str, float]:
-    """Per-round figures (ms) for one queue length and policy (None: SGLang alone)."""
+ROUNDS = ("queue", "churn")
+"""What changes between two planned rounds of the bench: ``queue``, only an untagged
+request joins the queue (every tagged request is as it was); ``churn``, in addition, a
+running request finishes (with SGLang's finish signal), the head of the queue joins the
+batch, a new task's request joins the queue, and every running request decodes a token,
+as between two rounds of a busy server."""
+
+
+def measure(
+    waiting: int, spec: str | None, rounds: int, budget_ms: float, kind: str = "queue"
+) -> dict[str, float]:
+    """Per-round figures (ms) for one queue length and policy (None: SGLang alone), with
+    the changes between rounds that ``kind`` names (:data:`ROUNDS`)."""
     from topas_sglang.cpu_loop import payload_req
     from topas_sglang.retention import controller_of
 
-    cache, policy, queue, running = setup(waiting, "lru" if spec is None else "topas")
+    spare = rounds + 20 if kind == "churn" else 0
+    cache, policy, queue, running, arrivals = setup(
+        waiting, "lru" if spec is None else "topas", spare
+    )
+    for i, req in enumerate(arrivals):  # they join the queue after the first ones
+        req.time_stats.wait_queue_entry_time = 1.0 + RUNNING + waiting + i
     controller = controller_of(cache)
     plan_cpu: list[float] = []
     if controller is not None:
@@ -86,6 +107,8 @@ def measure(waiting: int, spec: str | None, rounds: int, budget_ms: float) -> di
         plan_cpu = _timed(controller)
     walls = []
     for i in range(rounds + 20):  # the first 20 rounds warm up (policy tables, caches)
+        if kind == "churn":
+            _churn(queue, running.reqs, arrivals[i], controller)
         plain = {"rid": f"x{i}", "input_ids": [1, 2, i], "sampling_params": {"max_new_tokens": 1}}
         q = [*queue, payload_req(plain)]  # untagged: SGLang's order, a changed queue
         t = time.perf_counter()
@@ -102,6 +125,17 @@ def measure(waiting: int, spec: str | None, rounds: int, budget_ms: float) -> di
             plan_mean_ms=1e3 * statistics.mean(plan_cpu),
         )
     return out
+
+
+def _churn(queue: list, running: list, arrival: Any, controller: Any) -> None:  # type: ignore[no-untyped-def]
+    """One round's changes under ``churn`` (:data:`ROUNDS`)."""
+    done = running.pop(0)
+    if controller is not None:
+        controller.stage_finished(done)  # SGLang's signal, from the cache's on_release
+    running.append(queue.pop(0))
+    queue.append(arrival)
+    for req in running:
+        req.output_ids.append(0)
 
 
 REPLAY_SEED = 1000
@@ -159,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--waiting", default="20,100,400", help="queue lengths, comma-separated")
     ap.add_argument("--policies", default="topas,topas-greedy", help="TOPAS policy specs")
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--kinds", default=",".join(ROUNDS), help="what changes between rounds")
     ap.add_argument("--budget-ms", type=float, default=0.0, help="0: no time budget")
     ap.add_argument("--replays", default="100:1.5,200:2", help="TASKS:LOAD,... ('': none)")
     ap.add_argument("--out", default=None)
@@ -178,18 +213,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"error: --replays: TASKS:LOAD pairs expected, got {args.replays!r}", file=sys.stderr)
         return 2
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or not set(kinds) <= set(ROUNDS):
+        print(f"error: --kinds: some of {','.join(ROUNDS)} expected, got {args.kinds!r}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     from topas_sglang.cpu_loop import load_plugin
 
     load_plugin()
     specs = [s for s in args.policies.split(",") if s]
     rows = []
-    for n in sizes:
-        base = measure(n, None, args.rounds, 0.0)["calc_priority_p50_ms"]
-        for spec in specs:
-            row = {"waiting": n, "policy": spec, "sglang_lpm_p50_ms": base}
-            row.update(measure(n, spec, args.rounds, args.budget_ms))
-            rows.append(row)
-            print(f"{n} waiting, {spec}: plan p50 {row['plan_p50_ms']:.3f} ms", file=sys.stderr)
+    for kind in kinds:
+        for n in sizes:
+            base = measure(n, None, args.rounds, 0.0, kind)["calc_priority_p50_ms"]
+            for spec in specs:
+                row = {"round": kind, "waiting": n, "policy": spec, "sglang_lpm_p50_ms": base}
+                row.update(measure(n, spec, args.rounds, args.budget_ms, kind))
+                rows.append(row)
+                print(f"{kind}, {n} waiting, {spec}: plan p50 {row['plan_p50_ms']:.3f} ms",
+                      file=sys.stderr)  # fmt: skip
     replayed = []
     for tasks, load in replays:
         replayed.append(replay_cost(tasks, load))
@@ -198,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = summary_md(rows, command) + replay_md(replayed)
     if args.out:
         params = StudyParams({"waiting": sizes, "policies": specs, "rounds": args.rounds,
+                              "kinds": kinds,
                               "budget_ms": args.budget_ms, "replays": args.replays,
                               "replay_seed": REPLAY_SEED, "replay_kv": REPLAY_KV})  # fmt: skip
         files = study_files("plugin plan cost", params.to_json(), command, rows, text)
@@ -207,10 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
-    header = ["waiting", "policy", "plan p50 (ms CPU)", "plan p99", "plan mean",
+    header = ["round", "waiting", "policy", "plan p50 (ms CPU)", "plan p99", "plan mean",
               "calc_priority p50 (ms wall)", "SGLang's lpm alone p50 (ms wall)"]  # fmt: skip
     body = [
-        [r["waiting"], f"`{r['policy']}`", f"{r['plan_p50_ms']:.3f}", f"{r['plan_p99_ms']:.3f}",
+        [r["round"], r["waiting"], f"`{r['policy']}`", f"{r['plan_p50_ms']:.3f}",
+         f"{r['plan_p99_ms']:.3f}",
          f"{r['plan_mean_ms']:.3f}", f"{r['calc_priority_p50_ms']:.3f}",
          f"{r['sglang_lpm_p50_ms']:.3f}"]
         for r in rows
@@ -220,8 +264,12 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        "Every round planned afresh (one new untagged request per round), 8 requests "
-        "running, metagpt-sop first stages waiting; time budget off. `plan`: the "
+        "Every round planned afresh, 8 requests running, metagpt-sop first stages "
+        "waiting; time budget off. Between two rounds (`round`): `queue`, one untagged "
+        "request joins the queue and nothing tagged changes; `churn`, besides, a running "
+        "request finishes (SGLang's finish signal), the head of the queue joins the batch, "
+        "a new task's request joins the queue and every running request decodes a token. "
+        "`plan`: the "
         "controller's CPU time per round; `calc_priority`: the whole hooked call "
         "(SGLang's lpm ordering included); SGLang's lpm alone: the same call without TOPAS. "
         "Beyond 128 waiting requests SGLang's lpm turns into FCFS and matches no prefix "

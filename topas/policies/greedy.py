@@ -107,6 +107,22 @@ MAX_MISFITS = 16
 the time of a decision when memory, not the batch, is what limits admission."""
 
 
+def _version(state: State) -> tuple:
+    """What changes whenever a state changes in a way a sync reads: its clock, its newest
+    task and wait stamps (every phase change and every queued stage takes a new one), its
+    queue, batch and KV, and its prompts' residency."""
+    epoch, stamps = state.task_epoch, state.wait_stamp
+    return (
+        state.time,
+        next(reversed(epoch.values()), 0),
+        next(reversed(stamps.values()), 0),
+        len(state.waiting),
+        len(state.running),
+        state.kv_committed,
+        tuple(p.status for p in state.prefixes.values()),
+    )
+
+
 @dataclass
 class TOPASGreedy(Policy):
     """Task-oriented, prefix-aware scheduling (see the module docstring)."""
@@ -137,6 +153,8 @@ class TOPASGreedy(Policy):
         self._mean_path = 0.0  # mean predicted critical path of the tasks seen (no loads)
         self._n_path = 0
         self._board: Scoreboard | None = None
+        self._scored: tuple[State, tuple, tuple] | None = None  # the last _scores: its
+        # state, the state's version then, and what it returned
         self._resident: frozenset[str] = frozenset()
         self._tasks_of_agent: dict[str, dict[str, None]] = {}  # ordered sets: runs repeat
         self._agents_of: dict[str, frozenset[str]] = {}
@@ -371,7 +389,12 @@ class TOPASGreedy(Policy):
     # ------------------------------------------------------------------ the decision
 
     def _scores(self, state: State) -> tuple[Scoreboard, np.ndarray, dict[str, float]]:
-        """The scoreboard, the task weights (per task slot) and the retention values."""
+        """The scoreboard, the task weights (per task slot) and the retention values;
+        those of the last call while the state is as it was then (the SGLang plugin asks
+        for the eviction order of the state it has just decided on)."""
+        key = _version(state)
+        if self._scored is not None and self._scored[0] is state and self._scored[1] == key:
+            return self._scored[2]
         board = self._sync(state)
         weights = board.task_weights(state.time, self.aging, self._age_scale())
         if self.reuse:
@@ -379,6 +402,7 @@ class TOPASGreedy(Policy):
             retain = dict(zip(board.agents, values.tolist(), strict=True))
         else:
             retain = {}
+        self._scored = (state, key, (board, weights, retain))
         return board, weights, retain
 
     def decide(self, state: State) -> Decision:
@@ -411,19 +435,28 @@ class TOPASGreedy(Policy):
         room = None  # free KV plus every unused prefix's, while the plan is unchanged
         unused: list[str] = []
         shadow: _Reservation | None = None
-        for ref in order:
-            if plan.free_slots < 1 or misfits >= MAX_MISFITS:
-                break
-            cost = plan.cost(ref)
-            if cost <= plan.free_kv:
-                if shadow is None or shadow.allows(
-                    self._service(state, ref), cost, state.agent_of(ref)
-                ):
-                    plan.admit_priced(ref, cost)
+        order = iter(order)
+        while plan.free_slots >= 1 and misfits < MAX_MISFITS:
+            if shadow is None:
+                n = len(plan.admit)
+                misfit = plan.take_while_fits(order)  # those that fit as they are
+                if len(plan.admit) > n:
                     room = None
-                else:
-                    reserved_out.append(ref)
-                continue
+                if misfit is None:
+                    break
+                ref, cost = misfit
+            else:
+                ref = next(order, None)
+                if ref is None:
+                    break
+                cost = plan.cost(ref)
+                if cost <= plan.free_kv:
+                    if shadow.allows(self._service(state, ref), cost, state.agent_of(ref)):
+                        plan.admit_priced(ref, cost)
+                        room = None
+                    else:
+                        reserved_out.append(ref)
+                    continue
             misfits += 1
             if room is None:  # the plan changed: unused prefixes in eviction order, anew
                 unused = plan.evictable(evict_rank)

@@ -12,6 +12,7 @@ it never goes wrong when handed a different state: it just does more work.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -151,20 +152,21 @@ class Scoreboard:
         thousands of waiting stages sorts only a few.
         """
         valid = np.flatnonzero(self.s_valid)
-        if not len(valid):
-            return
         neg = -values[valid]
         if len(valid) > 2 * first:
             cut = np.partition(neg, first - 1)[first - 1]
             head = neg <= cut
-            yield from self._sorted(valid[head], neg[head])
-            valid, neg = valid[~head], neg[~head]
-        yield from self._sorted(valid, neg)
+            rest = self._later(valid[~head], neg[~head])
+            return itertools.chain(self._sorted(valid[head], neg[head]), rest)
+        return self._sorted(valid, neg)
 
     def _sorted(self, slots: np.ndarray, neg: np.ndarray) -> Iterator[StageRef]:
-        refs = self.s_ref
-        for i in slots[np.lexsort((self.s_stamp[slots], neg))].tolist():
-            yield refs[i]  # type: ignore[misc]
+        ranked = slots[np.lexsort((self.s_stamp[slots], neg))].tolist()
+        return map(self.s_ref.__getitem__, ranked)
+
+    def _later(self, slots: np.ndarray, neg: np.ndarray) -> Iterator[StageRef]:
+        """:meth:`_sorted`, sorted only once a caller reaches it."""
+        yield from self._sorted(slots, neg)
 
 
 def _resized(a: np.ndarray | None, n: int, dtype=float) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -278,7 +278,7 @@ def test_hold_back_never_idles_the_server():
     # a decision that admits nothing and holds w: with nothing running, w is not held
     t1 = Task("t1", 0.0, (Stage("w", "qa", 50, 10),))
     w, plain = stage_req(t1, "w"), make_req("plain", [1, 2, 3])
-    obs = observe([plain, w], [], {})
+    obs = observe([w, plain], [], {})
     hold = Decision(held=(("t1", "w"),))
     assert queue_order([w, plain], obs, hold, idle=False) == ([plain, w], [w])
     assert queue_order([w, plain], obs, hold, idle=True) == ([w, plain], [])

@@ -27,6 +27,8 @@ class Observation:
     reqs: dict[tuple[str, str], Any] = field(default_factory=dict)  # stage -> SGLang Req
     tasks: dict[str, Task] = field(default_factory=dict)  # task id -> its Task
     speakers: dict[str, Any] = field(default_factory=dict)  # agent -> a request of its own
+    queued: dict[tuple[str, str], int] = field(default_factory=dict)  # a tagged waiting
+    # stage -> its position in the waiting list observed, in queue order
     prefix_tokens: dict[str, int] = field(default_factory=dict)  # agent -> prompt length
     # (a request's own agent as it says; the task's other agents as its metadata tells)
     untagged: list[Any] = field(default_factory=list)
@@ -98,11 +100,16 @@ def observe(
     last: Memo = memo if memo is not None else {}  # read only until the loop is over
     seen: Memo = {}
     requests, reqs, tasks, speakers = obs.requests, obs.reqs, obs.tasks, obs.speakers
+    queued, untagged, errors = obs.queued, obs.untagged, obs.errors
     for queue, is_running in ((waiting, False), (running, True)):
-        for req in queue:
-            done = getattr(req, "finished", None)
-            if callable(done) and done():  # SGLang is done with it: its finish signal
-                continue  # comes on release
+        for i, req in enumerate(queue):
+            try:
+                if req.finished():  # SGLang is done with it: its finish signal comes on
+                    continue  # release
+            except (AttributeError, TypeError):  # not SGLang's Req: the general rule
+                done = getattr(req, "finished", None)
+                if callable(done) and done():
+                    continue
             key = id(req)
             hit = last.get(key)
             if hit is None or hit[0] is not req:
@@ -112,15 +119,18 @@ def observe(
             seen[key] = hit
             _, meta, r, ref = hit
             if ref is None:
-                obs.untagged.append(req)
+                untagged.append(req)
                 if "missing" not in str(meta):
-                    obs.errors.append(f"{getattr(req, 'rid', '?')}: {meta}")
+                    errors.append(f"{getattr(req, 'rid', '?')}: {meta}")
                 continue
-            if ref in reqs:  # one stage sent twice: leave both to SGLang
-                obs.untagged.append(req)
-                obs.errors.append(f"{getattr(req, 'rid', '?')}: stage {ref} twice")
+            if reqs.setdefault(ref, req) is not req:  # one stage sent twice: leave both
+                untagged.append(req)  # to SGLang
+                errors.append(f"{getattr(req, 'rid', '?')}: stage {ref} twice")
                 continue
-            t = getattr(getattr(req, "time_stats", None), "wait_queue_entry_time", None)
+            try:
+                t = req.time_stats.wait_queue_entry_time
+            except AttributeError:
+                t = None
             if t.__class__ is not float or t <= 0:  # not SGLang's usual: the general rule
                 t = queued_at(req)
             tid = ref[0]
@@ -141,7 +151,8 @@ def observe(
                 r = Request(meta.task, meta.stage, release, t, is_running, generated=generated)
                 seen[key] = (req, meta, r, ref)
             requests.append(r)
-            reqs[ref] = req
+            if not is_running:
+                queued[ref] = i
             if tid not in told:
                 told[tid] = meta.prefixes
                 tasks[tid] = meta.task

@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import operator
 import re
 import time
 from array import array
@@ -313,14 +314,13 @@ class Controller:
     def _note_finished(self, obs: Observation) -> None:
         """Counts the stages signalled finished that are seen again (the client sent one
         twice), which are then in flight, not finished; forgets tasks done and gone."""
-        for tid, sid in obs.reqs:
-            done = self.finished.get(tid)
-            if done and sid in done:
-                done.discard(sid)
-                self.stats.reappeared += 1
-        for tid, task in obs.tasks.items():
-            self.task_size[tid] = len(task.stages)
-        active = set(obs.tasks)
+        active = obs.tasks.keys()
+        for tid in self.finished.keys() & active:
+            done = self.finished[tid]
+            back = [sid for sid in done if (tid, sid) in obs.reqs]
+            done.difference_update(back)
+            self.stats.reappeared += len(back)
+        active = set(active)
         for tid in (self._active | self._signalled) - active:  # left the view, or signalled
             if len(self.finished.get(tid, ())) >= self.task_size.get(tid, 0):
                 self._forget(tid)  # every stage done
@@ -357,6 +357,7 @@ class Controller:
             if tid in self._noted:  # another DAG under a known id: its needs are stale
                 self._drop_needs(tid)
             self._noted[tid] = task
+            self.task_size[tid] = len(task.stages)
             for x in task.stages:  # an agent nobody told the length of: a 0-token prompt
                 self.prefix_tokens.setdefault(x.agent, 0)
         server = self._server_spec()
@@ -468,31 +469,35 @@ class Controller:
 def queue_order(waiting: list, obs: Observation, decision: Decision, idle: bool):  # type: ignore[no-untyped-def]
     """``waiting`` with its tagged requests in the decision's order (admitted first, in
     prefill order; then the others in their SGLang order) and the held ones at the tail.
-    Untagged requests keep their places.
+    Untagged requests keep their places. ``obs`` is the observation of this very list
+    (:func:`topas_sglang.adapter.observe`), whose positions it reads.
 
     ``idle``: nothing is running. Then holding back is not allowed unless the decision
     admits something, or the server would idle while requests wait.
     """
-    reqs = obs.reqs
-    admit = [reqs[ref] for ref in decision.admit if ref in reqs]
-    held = [reqs[ref] for ref in decision.held if ref in reqs] if admit or not idle else []
-    tagged = set(map(id, reqs.values()))
-    moved = set(map(id, admit))  # placed first
-    held_ids = set(map(id, held))
-    queued = {id(r) for r in waiting if id(r) in tagged}
-    if not (moved | held_ids) <= queued or len(moved) + len(held_ids) != len(moved | held_ids):
+    reqs, pos = obs.reqs, obs.queued
+    admit = [ref for ref in decision.admit if ref in reqs]
+    held = [ref for ref in decision.held if ref in reqs] if admit or not idle else []
+    first = [pos.get(ref, -1) for ref in admit]  # positions in `waiting`
+    last = [pos.get(ref, -1) for ref in held]
+    taken = {*first, *last}
+    if -1 in taken or len(taken) != len(first) + len(last):
         raise ValueError("queue_order: an admitted or held request is not queued, or twice")
-    moved |= held_ids
-    fill = itertools.chain(admit, (r for r in waiting if id(r) in queued and id(r) not in moved))
-    order = []  # the tagged, unheld places filled by `fill`; the untagged keep theirs
-    for r in waiting:
-        i = id(r)
-        if i in held_ids:
-            continue
-        order.append(next(fill, None) if i in queued else r)
-    if next(fill, None) is not None or None in order:
-        raise ValueError("queue_order: a request is queued twice")
-    return order + held, held
+    seen = map(waiting.__getitem__, first + last)
+    if not all(map(operator.is_, seen, map(reqs.__getitem__, admit + held))):
+        raise ValueError("queue_order: the waiting list is not the one observed")
+    order = list(waiting)
+    if not taken:
+        return order, []
+    gone = set(last)
+    slots = [i for i in pos.values() if i not in gone] if gone else pos.values()
+    fill = itertools.chain(first, (i for i in pos.values() if i not in taken))
+    for slot, i in zip(slots, fill, strict=True):  # the tagged, unheld places
+        order[slot] = waiting[i]
+    if not gone:
+        return order, []
+    out = [waiting[i] for i in last]
+    return [r for i, r in enumerate(order) if i not in gone] + out, out
 
 
 def refill(seq: list, ranked: list, key: Callable[[Any], Any] = id) -> list:
