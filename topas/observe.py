@@ -89,10 +89,13 @@ class Observer:
     the state it synced last (:class:`~topas.policies.search.TOPAS`) reads only the tasks
     stamped since. A changed task is re-registered and stamped anew (``task_epoch`` stays
     ordered by stamp), a task that left the view is dropped; the running and waiting
-    stages, the prefixes and the KV accounting are rebuilt every round. The state returned
-    is therefore valid until the next call (a caller that keeps it across rounds copies
-    it). Only the tasks in the last round's view are remembered; an observation that
-    raises :class:`ObservationError` makes the next round start afresh."""
+    stages, the prefixes and the KV accounting are rebuilt every round. When every request
+    and finished stage is as at the last round (equal ``Request`` values, in the same
+    order), the tasks, phases and queue are kept as they are and only the clock, the KV
+    rules, the prompts, the running stages' KV and fresh wait stamps are set. The state
+    returned is therefore valid until the next call (a caller that keeps it across rounds
+    copies it). Only the tasks in the last round's view are remembered; an observation
+    that raises :class:`ObservationError` makes the next round start afresh."""
 
     def __init__(self, stamps: Iterator[int] | None = None) -> None:
         self.stamps = stamps if stamps is not None else itertools.count(1)
