@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from topas.instance import ServerSpec, StageRef, Task
 from topas.state import (
@@ -203,8 +203,7 @@ class Observer:
             self._known = {}
         self._round(state, prefix_tokens, resident, now, kv_need, kv_estimate, on_host)
         # registered by the release of each task's first request; ties in observed order
-        firsts = [group[0].release for group in by_task.values()]
-        order = [tid for _, _, tid in sorted(zip(firsts, itertools.count(), by_task))]
+        order = sorted(by_task, key=lambda tid: by_task[tid][0].release)  # stable
         known, self._known = self._known, {}
         for tid in known.keys() - by_task.keys():  # left the view
             _drop_task(state, tid, known[tid].info)
@@ -237,7 +236,7 @@ class Observer:
         seen = (frozenset([(sid, r.running) for sid, r in by_stage.items()]), finished)
         if same:
             if known.seen == seen:  # unchanged as far as phases go
-                known.reqs, known.running = group, [r for r in group if r.running]
+                known.reqs = group
                 return self._keep(state, known)
             info = known.info
         else:
@@ -253,8 +252,9 @@ class Observer:
         """A task unchanged since the last round: only its running stages are added again
         (the running stages are rebuilt every round)."""
         tid = known.task.id
-        for r in known.running:
-            _add_running(state, (tid, r.stage), r)
+        for r in known.reqs:
+            if r.running:
+                _add_running(state, (tid, r.stage), r)
         self._known[tid] = known
 
 
@@ -280,10 +280,6 @@ class _Known:
     info: TaskInfo
     seen: tuple[frozenset[tuple[str, bool]], frozenset[str]]  # its requests, finished stages
     reqs: list[Request]  # its Request objects (an engine adapter reuses unchanged ones)
-    running: list[Request] = field(default_factory=list)  # those of reqs that run
-
-    def __post_init__(self) -> None:
-        self.running = [r for r in self.reqs if r.running]
 
 
 _NONE: frozenset[str] = frozenset()

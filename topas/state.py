@@ -612,15 +612,14 @@ class Planner:
                     break
                 agent = tasks[ref[0]].stages[ref[1]].agent
                 cost = need(ref, generated.get(ref, 0))  # State.need
-                if status[agent] is absent:
+                load = status[agent] is absent
+                if load:
                     cost += prefixes[agent].tokens
-                    if cost > free:
-                        out = (ref, cost)
-                        break
-                    status[agent] = loading
-                elif cost > free:
+                if cost > free:
                     out = (ref, cost)
                     break
+                if load:
+                    status[agent] = loading
                 users[agent] += 1
                 free -= cost
                 slots -= 1

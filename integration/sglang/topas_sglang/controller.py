@@ -314,13 +314,12 @@ class Controller:
     def _note_finished(self, obs: Observation) -> None:
         """Counts the stages signalled finished that are seen again (the client sent one
         twice), which are then in flight, not finished; forgets tasks done and gone."""
-        active = obs.tasks.keys()
-        for tid in self.finished.keys() & active:
+        for tid in self.finished.keys() & obs.tasks.keys():
             done = self.finished[tid]
             back = [sid for sid in done if (tid, sid) in obs.reqs]
             done.difference_update(back)
             self.stats.reappeared += len(back)
-        active = set(active)
+        active = set(obs.tasks)
         for tid in (self._active | self._signalled) - active:  # left the view, or signalled
             if len(self.finished.get(tid, ())) >= self.task_size.get(tid, 0):
                 self._forget(tid)  # every stage done
