@@ -94,6 +94,20 @@ def test_one_agent_table_matches_its_summary(topas_md: str) -> None:
     assert f"{wins} wins, {ties} ties, **{losses} losses**" in topas_md
 
 
+def test_polling_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(
+        section(topas_md, "#### Against a polling policy that visits the longest queue"),
+        "| workload | mean: peak",
+    )
+    summary = (DOCS / "results" / "paper_one_agent_most" / "summary.md").read_text()
+    assert "one_agent:OneAgent:next=most" in summary.split("## Side by side")[0]
+    _check_cuts(docs, summary, 1)
+    wins, ties, losses = _tally(summary)
+    assert f"{wins} wins, {ties} ties, **{losses} losses**" in section(
+        topas_md, "#### Against a polling policy"
+    )
+
+
 def test_gap_table_matches_its_summary(topas_md: str) -> None:
     docs = table(section(topas_md, "### Distance to the optimum"), "| policy | mean gap")
     summary = (DOCS / "results" / "gap" / "summary.md").read_text()

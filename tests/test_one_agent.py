@@ -16,6 +16,7 @@ from test_paper_baselines import ready, release, resident_state, start
 from test_properties import check_schedule
 
 from topas import workloads
+from topas.errors import InputError
 from topas.policies import make_policy
 from topas.simulator import simulate
 from topas.verify import verify_step
@@ -111,3 +112,41 @@ def test_decisions_do_not_depend_on_the_process(tmp_path: Path, monkeypatch) -> 
     inst = workloads.small_instance("fanout", seed=1)
     first, second = jcts_across_processes(tmp_path, inst, SPEC)
     assert first == second
+
+
+def test_next_most_visits_the_longest_queue_and_oldest_the_longest_wait() -> None:
+    """Nothing resident, room for everything; when the first visit (to a) is over:
+
+    task  arrival  stage  agent
+    A     0        a1     a      (the first visit: the oldest, and a's queue is as long)
+    B     1        b1     b      b: one stage, waiting since t=1
+    C     2        c1     c      c: two stages, the older since t=2
+    D     3        c2     c
+    `oldest` visits b next (waiting since 1), `most` visits c (two stages against one).
+    """
+    inst = make(
+        {"a": 10, "b": 10, "c": 10},
+        [
+            task("A", 0, stage("a1", "a", 1, 1)),
+            task("B", 1, stage("b1", "b", 1, 1)),
+            task("C", 2, stage("c1", "c", 1, 1)),
+            task("D", 3, stage("c2", "c", 1, 1)),
+        ],
+        100,
+    )
+    for rule, first in (("oldest", ("B", "b1")), ("most", ("C", "c1"))):
+        policy = ready(f"{SPEC}:next={rule}", inst)
+        state = resident_state(inst)
+        release(state, inst, "A", 0)
+        d = policy.decide(state)
+        assert d.admit == (("A", "a1"),)
+        start(state, *d.admit)
+        for tid, at in (("B", 1), ("C", 2), ("D", 3)):
+            release(state, inst, tid, at)
+        d = policy.decide(state)  # a's visit is over: nothing of a waits
+        assert d.admit[0] == first, rule
+
+
+def test_an_unknown_next_rule_is_refused() -> None:
+    with pytest.raises(InputError, match="next: unknown rule 'newest'"):
+        ready(f"{SPEC}:next=newest", world())

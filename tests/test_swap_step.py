@@ -364,9 +364,19 @@ def test_serial_solution_respects_the_channel():
 @settings(max_examples=30, deadline=None)
 @given(inst=random_instances(max_tasks=3, max_stages=2, host=True))
 def test_host_milp_and_cpsat_agree_on_random_instances(inst):
-    # every backend must prove its answer (a timeout fails) and all must agree
+    # the backends that prove their answer must all agree; one that runs out of time must
+    # bracket that optimum with its bounds. CP-SAT must prove it: a slow swap makes the
+    # time-indexed MILPs' horizon long, and on one 6-stage instance found here (prompts of
+    # 24 and 35 tokens at 5 tokens/s) HiGHS needed 31 s and CBC 40 s to prove what
+    # CP-SAT proved in 0.4 s, so a 20 s limit cannot require it of them
     results = {b: solve(inst, backend=b, time_limit=20) for b in BACKENDS}
     for b, r in results.items():
-        assert r.status == "optimal" and r.lower_bound == r.objective, b
+        assert r.lower_bound <= r.objective, b
         assert_serial(r.schedule)
-    assert len({r.objective for r in results.values()}) == 1, results
+    proven = {b: r for b, r in results.items() if r.status == "optimal"}
+    assert "cpsat" in proven, results
+    assert all(r.lower_bound == r.objective for r in proven.values()), proven
+    optimum = proven["cpsat"].objective
+    assert {r.objective for r in proven.values()} == {optimum}, results
+    for b, r in results.items():
+        assert r.lower_bound <= optimum <= r.objective, b

@@ -47,6 +47,21 @@ def test_metadata_stays_small():
     assert len(encode(task, task.stages[0].id, 2048)[KEY]) < 80 * len(task.stages)
 
 
+def test_the_requests_of_one_task_share_its_task():
+    """Every request carries its task's whole dag: the stages of one task decode to one
+    Task object (built once), a different dag under the same id to a new one."""
+    a = decode(_doc(stage="a", agent="x"))
+    b = decode(_doc())
+    assert a.task is b.task and a.ref != b.ref
+    other = decode(_doc(dag=[["a", "x", 10, 5, []], ["b", "y", 13, 3, ["a"]]]))
+    assert other.task is not a.task
+    assert other.task.stage_by_id["b"].input_tokens == 13
+    assert decode(_doc()).task is not other.task  # the first dag again: built anew
+    assert decode(_doc()).task == a.task
+    with pytest.raises(MetadataError, match="unknown stage 'zz'"):  # never served from memory
+        decode(_doc(dag=[["a", "x", 10, 5, []], ["b", "y", 12, 3, ["zz"]]]))
+
+
 def _doc(**change):
     doc = {
         "v": 1,

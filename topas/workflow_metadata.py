@@ -118,7 +118,7 @@ def decode(custom_params: Mapping[str, Any] | None) -> StageMeta:
     arrival = doc.get("arrival")
     if arrival is not None and not (_is_number(arrival) and math.isfinite(arrival)):
         raise MetadataError(f"{SCHEMA}.arrival: expected a finite number, got {arrival!r}")
-    task = _task(tid, _field(doc, "dag", list))
+    task = _task_of(tid, _field(doc, "dag", list))
     if sid not in task.stage_by_id:
         raise MetadataError(f"{SCHEMA}.stage: {sid!r} is not a stage of task {tid!r}")
     if task.stage_by_id[sid].agent != agent:
@@ -147,6 +147,24 @@ def _field(doc: Mapping[str, Any], name: str, kind: type) -> Any:
     if not ok:
         raise MetadataError(f"{SCHEMA}.{name}: expected {kind.__name__}, got {value!r}")
     return value
+
+
+def _task_of(tid: str, dag: list) -> Task:
+    """The Task of ``dag``; the one decoded last for ``tid`` when its dag is equal. Every
+    stage's request carries its task's whole dag: the requests of one task share one Task
+    (and its cached analyses), built and validated once."""
+    hit = _BUILT.get(tid)
+    if hit is not None and hit[0] == dag:
+        return hit[1]
+    task = _task(tid, dag)
+    if len(_BUILT) >= MAX_BUILT:
+        _BUILT.clear()
+    _BUILT[tid] = (dag, task)
+    return task
+
+
+MAX_BUILT = 1 << 14
+_BUILT: dict[str, tuple[list, Task]] = {}  # task id -> the dag last decoded for it, its Task
 
 
 def _task(tid: str, dag: list) -> Task:

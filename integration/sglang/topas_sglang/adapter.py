@@ -40,7 +40,7 @@ def metadata(req: Any) -> StageMeta:
 
     A request carries the same string at every scheduling round: it is decoded once, and
     the stages of one task share one :class:`~topas.instance.Task` (its analyses are cached
-    on it)."""
+    on it; :func:`~topas.workflow_metadata.decode` builds it once per task)."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
     raw = params.get(KEY) if isinstance(params, Mapping) else None
     if not isinstance(raw, str):
@@ -57,15 +57,9 @@ def _decode_raw(raw: str) -> StageMeta:
         if len(_PREFIXES) >= 1 << 12:
             _PREFIXES.clear()
         prefixes = _PREFIXES[told] = meta.prefixes
-    task = _TASKS.get(meta.task.id)
-    if task is None or task != meta.task:
-        if len(_TASKS) >= 1 << 16:
-            _TASKS.clear()
-        task = _TASKS[meta.task.id] = meta.task
-    return dataclasses.replace(meta, task=task, prefixes=prefixes)
+    return dataclasses.replace(meta, prefixes=prefixes)
 
 
-_TASKS: dict[str, Task] = {}  # task id -> the Task its decoded requests share
 _PREFIXES: dict[frozenset, Mapping[str, int]] = {}  # the prompt lengths they share
 # (one object for equal ones: observe reads each once a round, not once per task)
 
