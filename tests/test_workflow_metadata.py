@@ -60,6 +60,10 @@ def test_the_requests_of_one_task_share_its_task():
     assert decode(_doc()).task == a.task
     with pytest.raises(MetadataError, match="unknown stage 'zz'"):  # never served from memory
         decode(_doc(dag=[["a", "x", 10, 5, []], ["b", "y", 12, 3, ["zz"]]]))
+    decode(_doc(dag=[["a", "x", 1, 5, []], ["b", "y", 12, 3, ["a"]]]))
+    for odd in (1.0, True):  # equal to the 1 just decoded in Python, yet not a count
+        with pytest.raises(MetadataError, match="token counts must be integers"):
+            decode(_doc(dag=[["a", "x", odd, 5, []], ["b", "y", 12, 3, ["a"]]]))
 
 
 def _doc(**change):

@@ -150,21 +150,24 @@ def _field(doc: Mapping[str, Any], name: str, kind: type) -> Any:
 
 
 def _task_of(tid: str, dag: list) -> Task:
-    """The Task of ``dag``; the one decoded last for ``tid`` when its dag is equal. Every
-    stage's request carries its task's whole dag: the requests of one task share one Task
-    (and its cached analyses), built and validated once."""
+    """The Task of ``dag``; the one decoded last for ``tid`` when its dag is the same JSON.
+    Every stage's request carries its task's whole dag: the requests of one task share one
+    Task (and its cached analyses), built and validated once. The dag is compared as JSON
+    text, not as Python values, so that ``true`` or ``1.0`` where ``1`` was seen is
+    validated (and refused), not taken for it."""
+    text = json.dumps(dag, separators=(",", ":"))
     hit = _BUILT.get(tid)
-    if hit is not None and hit[0] == dag:
+    if hit is not None and hit[0] == text:
         return hit[1]
     task = _task(tid, dag)
     if len(_BUILT) >= MAX_BUILT:
         _BUILT.clear()
-    _BUILT[tid] = (dag, task)
+    _BUILT[tid] = (text, task)
     return task
 
 
 MAX_BUILT = 1 << 14
-_BUILT: dict[str, tuple[list, Task]] = {}  # task id -> the dag last decoded for it, its Task
+_BUILT: dict[str, tuple[str, Task]] = {}  # task id -> the dag last decoded for it, its Task
 
 
 def _task(tid: str, dag: list) -> Task:
