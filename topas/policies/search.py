@@ -86,6 +86,7 @@ import hashlib
 import heapq
 import itertools
 import math
+import operator
 import random
 import re
 from collections.abc import Iterable, Sequence
@@ -295,11 +296,14 @@ def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceM
         o = own.get(sid)
         if o is None:
             continue
-        below = [0.0] * k
-        for c in info.stages[sid].children:
-            tc = tail[c]  # the children of an unfinished stage are unfinished
-            below = [max(a, b) for a, b in zip(below, tc, strict=True)]
-        tail[sid] = [a + b for a, b in zip(o, below, strict=True)]
+        children = info.stages[sid].children  # those of an unfinished stage are unfinished
+        if not children:
+            tail[sid] = o  # o + 0.0: the same floats
+            continue
+        below = tail[children[0]]  # tails are >= 0: max(0.0, t) is t
+        for c in children[1:]:
+            below = list(map(max, below, tail[c]))
+        tail[sid] = list(map(operator.add, o, below))
     running = [0.0] * k
     tails: dict[StageRef, list[float]] = {}
     for sid, t in tail.items():
@@ -307,10 +311,10 @@ def _analyse(state: State, tid: str, svc: dict[StageRef, float], model: ServiceM
         if ph is Phase.WAITING:
             tails[(tid, sid)] = t
         elif ph is Phase.RUNNING or ph is Phase.ADMITTED:
-            running = [max(a, b) for a, b in zip(running, t, strict=True)]
-    best = list(running)
+            running = list(map(max, running, t))
+    best = running
     for t in tails.values():
-        best = [max(a, b) for a, b in zip(best, t, strict=True)]
+        best = list(map(max, best, t))
     return _Analysis(running, tails, sum(best) / k)
 
 
@@ -391,6 +395,7 @@ class _Round:
     drain_s: dict[str, float] = field(default_factory=dict)  # agent -> its last to finish
     running_refs: dict[str, list[StageRef]] = field(default_factory=dict)  # agent -> running
     revoke_loss: dict[str, float] = field(default_factory=dict)  # agent -> J_redo + J_revoke
+    # (with retract=1 only)
     pinned: str | None = None  # the agent of a starving stage admitted first: always in R'
     opened: set[str] = field(default_factory=set)  # agents a waiting stage would make next hops
     rank: dict[StageRef, int] = field(default_factory=dict)  # pack order: lower goes first
@@ -671,7 +676,8 @@ class TOPAS(Policy):
             agent = state.agent_of(ref)
             rnd.running_kv[agent] = rnd.running_kv.get(agent, 0) + run.reserved
             rnd.running_refs.setdefault(agent, []).append(ref)
-            rnd.revoke_loss[agent] = rnd.revoke_loss.get(agent, 0.0) + self._loss(state, ref)
+            if self.retract:  # read only by a pack that retracts (_pack's ``revoke``)
+                rnd.revoke_loss[agent] = rnd.revoke_loss.get(agent, 0.0) + self._loss(state, ref)
             left = self._service(state, ref)
             if run.started_at is not None:
                 left = max(0.0, left - (state.time - run.started_at))
@@ -743,19 +749,29 @@ class TOPAS(Policy):
         if free < min(0, rnd.free):  # loads that do not fit (the engine's own accounting
             return None  # may run over while stages decode past their predictions)
         later = self._later(drain_s) if drained else 0.0
-        position = dict.fromkeys(keep, 0)
-        head = rnd.head_rank
-        queue = [(head[a], a) for a in keep if a in head]  # ranks are unique: pops are
-        heapq.heapify(queue)  # the same whatever order the set iterates in
+        # the stages of R' best first: a merge of the agents' queues by rank (ranks are
+        # unique), read lazily: each agent's best stage from ``heads`` (every agent's, in
+        # rank order), its next ones from a heap once it has been read from
+        heads, n_heads, h = rnd.heads, len(rnd.heads), 0
+        queue: list[tuple[int, str]] = []
+        position: dict[str, int] = {}
         admitted: list[StageRef] = []
         credit: dict[StageRef, float] = {}
         moved: dict[str, set[str]] = {}
         if revoke and not retract or len(retract) >= self.max_changes:
             return None  # nothing to retract, or more retractions than K allows
         misfits, late, j_admit = 0, 0, 0.0
-        while queue and slots > 0 and len(admitted) + late + len(retract) < self.max_changes:
-            _, a = heapq.heappop(queue)
-            q, i = rnd.queues[a], position[a]
+        while slots > 0 and len(admitted) + late + len(retract) < self.max_changes:
+            while h < n_heads and heads[h][1] not in keep:
+                h += 1
+            if queue and (h == n_heads or queue[0][0] < heads[h][0]):
+                _, a = heapq.heappop(queue)
+            elif h < n_heads:
+                a = heads[h][1]
+                h += 1
+            else:
+                break  # every stage of R' read
+            q, i = rnd.queues[a], position.get(a, 0)
             if i == len(q):  # its rank was in the heap: the stage exists
                 self._more(rnd, a, i)
             ref = q[i]
@@ -850,7 +866,17 @@ class TOPAS(Policy):
                     if p is not None and p.beats(best):
                         best = p
         else:
-            best = self._greedy(active, current, score)
+            floor = min(0, rnd.free)
+
+            def unfit(a: str) -> bool:
+                """R_t plus the absent agent ``a`` does not fit: its prompt alone takes more
+                than the free memory (what :meth:`_pack` finds first, scored as its None)."""
+                if rnd.free - rnd.tokens[a] >= floor:
+                    return False
+                scored.setdefault(rnd.current | {a}, None)
+                return True
+
+            best = self._greedy(active, current, score, unfit)
         assert best is not None  # the current residency always fits: nothing changes
         if not best.admitted and not state.running and rnd.heads:
             # never idle the server: the best single stage's agent alone
@@ -860,7 +886,7 @@ class TOPAS(Policy):
         self.evaluated = len(scored)
         return best
 
-    def _greedy(self, active: list[str], current: tuple[str, ...], score) -> _Pack:  # type: ignore[no-untyped-def]
+    def _greedy(self, active: list[str], current: tuple[str, ...], score, unfit=None) -> _Pack:  # type: ignore[no-untyped-def]
         """From R_t: single moves (add an agent, drop one) while one improves the score,
         then pairs of additions and swaps when single moves stall; at most ``|A|^2``
         candidates.
@@ -869,7 +895,9 @@ class TOPAS(Policy):
         re-scored only when it reaches the top of the queue with a gain measured against an
         earlier R', and taken if its fresh gain still leads. Pairs and swaps use only the
         :data:`PAIR_POOL` additions and drops with the best last gains. A decision thus
-        scores about ``|A|`` sets plus a few per step, not ``|A|`` per step."""
+        scores about ``|A|`` sets plus a few per step, not ``|A|`` per step. ``unfit(a)``
+        (optional) tells, and scores, the additions to R_t that cannot fit, without
+        packing them."""
         budget = max(16, len(active) ** 2)
         evals = 0
         best = score(current)
@@ -891,7 +919,12 @@ class TOPAS(Policy):
                 heapq.heappush(heap, (-gain, a, step, kind))
 
         for a in active:
-            measure("drop" if a in cur else "add", a)
+            if a in cur:
+                measure("drop", a)
+            elif unfit is not None and unfit(a):
+                evals += 1  # scored: it does not fit
+            else:
+                measure("add", a)
         while evals < budget:
             took = None
             while heap and evals < budget:

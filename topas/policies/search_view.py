@@ -37,6 +37,7 @@ class QueueView:
     def __init__(self, agents: Iterable[str]) -> None:
         self.agents = list(agents)
         self.agent_index = {a: i for i, a in enumerate(self.agents)}
+        self._agent_dtype = np.uint16 if len(self.agents) <= 1 << 16 else np.int64
         self.tasks = Slots()
         self.stages = Slots()
         self.release = np.zeros(16)
@@ -175,17 +176,16 @@ class QueueView:
         )
         rank = np.empty(len(slots), dtype=np.int64)
         rank[glob] = np.arange(len(slots))
-        agent = self.stage_agent[slots]
+        agent = self.stage_agent[slots].astype(self._agent_dtype)  # 16 bits: a radix sort
         order = glob[np.argsort(agent[glob], kind="stable")]  # by agent, then by rank
         agent_sorted = agent[order]
         starts: list[int] = []
         if len(order):
-            starts = np.flatnonzero(np.r_[True, agent_sorted[1:] != agent_sorted[:-1]]).tolist()
+            starts = [0, *(np.flatnonzero(agent_sorted[1:] != agent_sorted[:-1]) + 1).tolist()]
         ends = [*starts[1:], len(order)] if starts else []
-        spans = {
-            self.agents[int(agent_sorted[lo])]: (lo, hi)
-            for lo, hi in zip(starts, ends, strict=True)
-        }
+        names = self.agents
+        firsts = agent_sorted[starts].tolist()
+        spans = {names[a]: (lo, hi) for a, lo, hi in zip(firsts, starts, ends, strict=True)}
         return Ranking(self, slots[order], rank[order], task[order], spans, starts)
 
 
@@ -206,19 +206,16 @@ class Ranking:
         self._view = view
         self._slots, self._rank, self._task = slots, rank, task
         self.spans = spans  # agent -> [lo, hi) of its stages in the arrays, best first
-        self._starts = starts  # the lo of every span, in array order
+        self._starts = np.asarray(starts, dtype=np.int64)  # the lo of every span, in order
         self._taken = dict.fromkeys(spans, 0)
 
     def opened(self, first: int) -> set[str]:
         """The agents that some stage among the ``first`` best of an agent's would open."""
         ids = self._view.stage_opens[self._slots]
         at = np.flatnonzero(ids)  # positions of the stages that open any agent
-        lo = np.asarray(self._starts)[np.searchsorted(self._starts, at, side="right") - 1]
+        lo = self._starts[np.searchsorted(self._starts, at, side="right") - 1]
         table = self._view.opens_table
-        out: set[str] = set()
-        for i in np.unique(ids[at[at - lo < first]]).tolist():
-            out.update(table[i])
-        return out
+        return set().union(*map(table.__getitem__, set(ids[at[at - lo < first]].tolist())))
 
     def heads(self) -> list[tuple[int, str]]:
         """(global rank of its best stage, agent) for every agent with waiting stages, best
