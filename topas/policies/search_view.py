@@ -15,6 +15,7 @@ on the iteration order of a set: decisions are the same in every process.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -144,8 +145,7 @@ class QueueView:
 
     def held(self, agents: Iterable[str]) -> Iterator[StageRef]:
         """Every waiting stage of ``agents``, agent by agent in arrival order."""
-        for a in agents:
-            yield from self.waiting[a]
+        return itertools.chain.from_iterable(map(self.waiting.__getitem__, agents))
 
     def first_release(self) -> float | None:
         """The release time of the earliest released task with a waiting stage."""
