@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import jcts_across_processes, make, random_instances, stage, task
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_policies import make_resident, ready, released
 
 from topas.policies import PolicyContext, make_policy
@@ -19,6 +20,8 @@ from topas.policies.search import (
     SCENARIOS,
     TOPAS,
     ServiceModel,
+    _quantile,
+    _quantiles,
     _task_next_hops,
     longest_path,
     role_of,
@@ -177,6 +180,17 @@ def test_service_model_prior_then_learned_quantiles():
     assert model.ratio(("a", "r"), 0.5) == 2.5
     assert model.ratio(("a", "r"), 0.0) == 1.0 and model.ratio(("a", "r"), 1.0) == 4.0
     assert model.ratio(("b", "r"), 0.5) == 1.0
+
+
+@given(
+    values=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=40),
+    levels=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=SCENARIOS),
+)
+def test_quantiles_are_the_quantile_at_each_level(values, levels):
+    """The one-loop form a stage's scenario ratios use gives the very floats of the
+    one-level form (the learned ratios, and so every decision, stay as they were)."""
+    values.sort()
+    assert _quantiles(values, levels) == [_quantile(values, q) for q in levels]
 
 
 def test_scenario_levels_are_stratified_and_differ_between_stages():
@@ -560,6 +574,53 @@ def test_queue_view_ranks_by_value_then_length_release_task_and_stage():
     assert ranking.take("A", 1) == []
     view.drop_stage(("t0", "a"))
     assert view.waiting_tasks() == {"A": 2, "B": 1} and view.oldest() == ("t0", "b")
+
+
+@given(
+    tasks=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 1.0, 2.0]),
+            st.sampled_from([0.5, 1.0]),
+            st.sampled_from([0.0, 1.0]),
+            st.integers(1, 4),
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    dropped=st.sets(st.integers(0, 40), max_size=8),
+)
+def test_queue_view_ranking_is_the_sort_by_its_keys(tasks, dropped):
+    """Every waiting stage's rank against a plain sort by (-value, length, release, task
+    slot, stage id rank), under many ties and with freed slots reused (dropped stages)."""
+    from topas.policies.search_view import QueueView
+
+    agents = ["A", "B", "C"]
+    view = QueueView(agents)
+    k = 0
+    for i, (share, length, release, n, first_agent) in enumerate(tasks):
+        tid = f"t{i}"
+        view.add_task(tid, release)
+        view.set_task(tid, share=share, length=length)
+        for j in range(n):
+            view.add_stage((tid, f"s{j}"), agents[(first_agent + j) % 3], 1, order=n - 1 - j)
+            if k in dropped:
+                view.drop_stage((tid, f"s{j}"))
+            k += 1
+    value = view.share / view.length
+    ranking = view.ranked(value)
+    got = {}
+    for a in ranking.spans:
+        for ref, rank, _ in ranking.take(a, 10**6):
+            got[rank] = ref
+    slot = view.tasks.of
+
+    def key(ref):
+        t = slot[ref[0]]
+        order = int(view.stage_order[view.stages.of[ref]])
+        return (-value[t], view.length[t], view.release[t], t, order)
+
+    assert [got[r] for r in sorted(got)] == sorted(view.need, key=key)
 
 
 def test_greedy_search_repeats_across_processes(tmp_path):

@@ -229,7 +229,7 @@ class ServiceModel:
         if hit is not None and hit[0] is snap:
             return hit[1]
         levels = scenario_levels(*ref)
-        out = [1.0] * len(levels) if snap is None else [_quantile(snap, u) for u in levels]
+        out = [1.0] * len(levels) if snap is None else _quantiles(snap, levels)
         memo[ref[1]] = (snap, out)
         return out
 
@@ -252,6 +252,20 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _quantiles(sorted_values: Sequence[float], levels: Iterable[float]) -> list[float]:
+    """:func:`_quantile` at each of ``levels`` (in [0, 1]), the same floats, in one loop."""
+    last = len(sorted_values) - 1
+    if last == 0:
+        return [sorted_values[0] for _ in levels]
+    out = []
+    for q in levels:
+        pos = q * last
+        lo = int(pos)  # floor: pos >= 0
+        a = sorted_values[lo]
+        out.append(a + (sorted_values[lo + 1 if lo < last else last] - a) * (pos - lo))
+    return out
 
 
 # --------------------------------------------------------------------------- task analysis

@@ -171,9 +171,15 @@ class QueueView:
         task, so the order is total and the same in every process."""
         slots = np.flatnonzero(self.stage_used)
         task = self.stage_task[slots]
-        glob = np.lexsort(
-            (self.stage_order[slots], task, self.release[task], self.length[task], -value[task])
-        )
+        # the tasks in order first (their keys are unique: the slot breaks ties), then the
+        # stages by (their task's place, the stage id's rank): one sort of unique keys
+        tasks = np.flatnonzero(self.task_used)
+        by_task = tasks[np.lexsort((tasks, self.release[tasks], self.length[tasks], -value[tasks]))]
+        place = np.zeros(len(self.task_used), dtype=np.int64)
+        place[by_task] = np.arange(len(by_task))
+        order_in_task = self.stage_order[slots]
+        width = int(order_in_task.max()) + 1 if len(slots) else 1
+        glob = np.argsort(place[task] * width + order_in_task)
         rank = np.empty(len(slots), dtype=np.int64)
         rank[glob] = np.arange(len(slots))
         agent = self.stage_agent[slots].astype(self._agent_dtype)  # 16 bits: a radix sort
