@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -621,6 +623,33 @@ def test_queue_view_ranking_is_the_sort_by_its_keys(tasks, dropped):
         return (-value[t], view.length[t], view.release[t], t, order)
 
     assert [got[r] for r in sorted(got)] == sorted(view.need, key=key)
+
+
+def test_an_addition_the_greedy_search_does_not_pack_is_one_pack_refuses():
+    """The greedy search scores an addition to R_t whose prompt cannot fit without packing
+    it; in a serving loop with many agents, every such addition is one _pack refuses, and
+    some additions are of that kind (so the shortcut is exercised)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "analysis" / "bench_decision.py"
+    spec = importlib.util.spec_from_file_location("bench_decision", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_decision", bench)
+    spec.loader.exec_module(bench)
+    inst = bench.make_instance(16, 0)
+    loop = bench.ServingLoop(inst, 100, 0)
+    policy = make_policy("topas")
+    policy.reset(PolicyContext(server=inst.server, timing="calibrated"))
+    skipped = 0
+    for _ in range(15):
+        state = loop.state
+        rnd = policy._round(state)
+        for a in sorted(set(rnd.tokens) - rnd.current):
+            if not rnd.loads_fit(rnd.free - rnd.tokens[a]):
+                skipped += 1
+                assert policy._pack(state, rnd, rnd.current | {a}) is None, a
+        loop.step(policy.decide(state))
+    assert skipped > 0
 
 
 def test_greedy_search_repeats_across_processes(tmp_path):

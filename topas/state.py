@@ -607,9 +607,7 @@ class Planner:
         free, slots = self.free_kv, self.free_slots
         out = None
         try:
-            for ref in refs:
-                if slots < 1:
-                    break
+            for ref in refs if slots >= 1 else ():  # no stage is taken from refs unread
                 agent = tasks[ref[0]].stages[ref[1]].agent
                 cost = need(ref, generated.get(ref, 0))  # State.need
                 load = status[agent] is absent
@@ -624,6 +622,8 @@ class Planner:
                 free -= cost
                 slots -= 1
                 admit.append(ref)
+                if slots < 1:
+                    break
         finally:
             self.free_kv, self.free_slots = free, slots
         return out

@@ -427,6 +427,12 @@ class _Round:
         self.heads = heads
         self.head_rank = {a: r for r, a in heads}
 
+    def loads_fit(self, free: int) -> bool:
+        """Whether a candidate R' whose prompt moves leave ``free`` KV tokens fits. The
+        engine's own accounting may already run over (stages decoding past their
+        predictions), so no worse than now also fits."""
+        return free >= min(0, self.free)
+
     def set_current(self) -> None:
         """R_t (prefixes resident or loading) and its reuse, from ``status``."""
         self.current = frozenset(
@@ -760,8 +766,8 @@ class TOPAS(Policy):
                 drained += rnd.tokens[a] + rnd.running_kv.get(a, 0)
                 drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
             j_move += rnd.cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
-        if free < min(0, rnd.free):  # loads that do not fit (the engine's own accounting
-            return None  # may run over while stages decode past their predictions)
+        if not rnd.loads_fit(free):
+            return None
         later = self._later(drain_s) if drained else 0.0
         # the stages of R' best first: a merge of the agents' queues by rank (ranks are
         # unique), read lazily: each agent's best stage from ``heads`` (every agent's, in
@@ -880,12 +886,11 @@ class TOPAS(Policy):
                     if p is not None and p.beats(best):
                         best = p
         else:
-            floor = min(0, rnd.free)
 
             def unfit(a: str) -> bool:
                 """R_t plus the absent agent ``a`` does not fit: its prompt alone takes more
                 than the free memory (what :meth:`_pack` finds first, scored as its None)."""
-                if rnd.free - rnd.tokens[a] >= floor:
+                if rnd.loads_fit(rnd.free - rnd.tokens[a]):
                     return False
                 scored.setdefault(rnd.current | {a}, None)
                 return True
