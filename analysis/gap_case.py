@@ -1,0 +1,119 @@
+"""One instance of the optimality-gap study, a policy's schedule beside the oracle's.
+
+Where ``python analysis/optimality_gap.py`` reports a large gap, this shows why: the
+instance (KV budget, prompts, stages), then the policy's step-model schedule and the
+proven optimum's, step by step (admission, start and end of every stage; when each prompt
+was loaded, resident and evicted), and each task's JCT under both. The instance is the
+study's own: pick ``family``, ``tasks`` and ``instance_seed`` from a row of its
+``runs.csv``.
+
+    python analysis/gap_case.py chain --tasks 4 --instance-seed 4000 [--policy topas]
+        [--backend cpsat] [--time-limit 30]
+
+Prints text only (nothing is written); exit status 2 with one line on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from topas.errors import InputError
+from topas.instance import Instance
+from topas.oracle import solve
+from topas.oracle.problem import BACKENDS
+from topas.policies import make_policy
+from topas.schedule import Schedule, evaluate
+from topas.simulator import simulate
+from topas.workloads import small_instance
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("family", help="a workload family (see `topas workloads`)")
+    ap.add_argument("--tasks", type=int, required=True, help="tasks in the instance")
+    ap.add_argument("--instance-seed", type=int, required=True, help="runs.csv's instance_seed")
+    ap.add_argument("--policy", default="topas", help="policy spec (default topas)")
+    ap.add_argument("--backend", choices=BACKENDS, default="cpsat")
+    ap.add_argument("--time-limit", type=float, default=30.0, help="oracle seconds")
+    return ap
+
+
+def describe(inst: Instance) -> list[str]:
+    """The instance in a few lines: budget, prompts, tasks and their stages."""
+    lines = [
+        f"instance {inst.name}: KV budget {inst.server.kv_capacity_tokens} tokens, "
+        f"prefill chunk {inst.server.chunk_tokens}, prompt moves: "
+        f"{inst.server.prefix_load.kind}",
+        "prompts: " + ", ".join(f"{a.id} {a.prefix_tokens}" for a in inst.agents),
+    ]
+    for t in inst.tasks:
+        stages = "; ".join(
+            f"{s.id} {s.agent} in {s.input_tokens} out {s.output_tokens}"
+            + (f" after {','.join(s.deps)}" if s.deps else "")
+            for s in t.stages
+        )
+        lines.append(f"task {t.id} arrives {t.arrival:g}: {stages}")
+    return lines
+
+
+def timeline(title: str, sched: Schedule) -> list[str]:
+    """A schedule's stage runs (by admission) and prompt intervals (by load; ``until``: its
+    eviction, or the end of the schedule)."""
+    m = evaluate(sched)
+    lines = [f"== {title}: sum of JCTs {m.objective_steps} steps"]
+    for r in sorted(sched.runs, key=lambda r: (r.admit, r.task, r.stage)):
+        notes = ("preempted " if r.preempted else "") + ("hit" if r.prefix_hit else "")
+        lines.append(
+            f"  {r.task}/{r.stage:4s} {r.agent:8s} admit {r.admit:4.0f}  start {r.start:4.0f}"
+            f"  end {r.end:4.0f}  {notes}".rstrip()
+        )
+    for p in sorted(sched.prefixes, key=lambda p: (p.load_start, p.agent)):
+        unused = "  (evicted as it became resident)" if p.end <= p.resident_from else ""
+        lines.append(
+            f"  prompt {p.agent:8s} load {p.load_start:4.0f}  resident {p.resident_from:4.0f}"
+            f"  until {p.end:4.0f}{unused}"
+        )
+    return lines
+
+
+def jct_table(policy: str, ours: Schedule, best: Schedule) -> list[str]:
+    a, b = evaluate(ours).jct, evaluate(best).jct
+    lines = [f"task  {policy}  optimum  difference"]
+    for tid in a:
+        lines.append(f"{tid:5s} {a[tid]:6.0f}  {b[tid]:7.0f}  {a[tid] - b[tid]:+10.0f}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.tasks < 1:
+            raise InputError(f"--tasks: expected at least 1, got {args.tasks}")
+        if args.time_limit <= 0:
+            raise InputError(f"--time-limit: expected seconds > 0, got {args.time_limit:g}")
+        inst = small_instance(args.family, seed=args.instance_seed, num_tasks=args.tasks)
+        policy = make_policy(args.policy)
+    except (InputError, ValueError) as e:
+        print(f"gap_case: error: {e}", file=sys.stderr)
+        return 2
+    # the study's own runs: the same simulation seed (topas.runs.policy_objectives)
+    ours = simulate(inst, policy, timing="step", seed=args.instance_seed)
+    result = solve(inst, backend=args.backend, time_limit=args.time_limit, warm_start=ours)
+    lines = describe(inst) + [""] + timeline(args.policy, ours) + [""]
+    if result.schedule is None:
+        lines.append(f"oracle ({args.backend}): {result.status}, no schedule")
+    else:
+        if result.status == "optimal":
+            label = "proven optimal"
+        else:
+            label = f"{result.status}, lower bound {result.lower_bound}"
+        lines += timeline(f"oracle ({args.backend}, {label})", result.schedule)
+        lines += [""] + jct_table(args.policy, ours, result.schedule)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
