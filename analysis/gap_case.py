@@ -8,7 +8,7 @@ study's own: pick ``family``, ``tasks`` and ``instance_seed`` from a row of its
 ``runs.csv``.
 
     python analysis/gap_case.py chain --tasks 4 --instance-seed 4000 [--policy topas]
-        [--backend cpsat] [--time-limit 30]
+        [--backend cpsat] [--time-limit 30] [--profile NAME]
 
 Prints text only (nothing is written); exit status 2 with one line on bad input.
 """
@@ -24,8 +24,8 @@ from topas.instance import Instance
 from topas.oracle import solve
 from topas.oracle.problem import BACKENDS
 from topas.policies import make_policy
-from topas.schedule import Schedule, evaluate
-from topas.simulator import simulate
+from topas.runs import policy_objectives
+from topas.schedule import Metrics, Schedule, evaluate
 from topas.workloads import small_instance
 
 
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", default="topas", help="policy spec (default topas)")
     ap.add_argument("--backend", choices=BACKENDS, default="cpsat")
     ap.add_argument("--time-limit", type=float, default=30.0, help="oracle seconds")
+    ap.add_argument("--profile", default=None, help="the study's --profile, if it had one")
     return ap
 
 
@@ -58,10 +59,9 @@ def describe(inst: Instance) -> list[str]:
     return lines
 
 
-def timeline(title: str, sched: Schedule) -> list[str]:
+def timeline(title: str, sched: Schedule, m: Metrics) -> list[str]:
     """A schedule's stage runs (by admission) and prompt intervals (by load; ``until``: its
-    eviction, or the end of the schedule)."""
-    m = evaluate(sched)
+    eviction, or the end of the schedule); ``m``: its metrics."""
     lines = [f"== {title}: sum of JCTs {m.objective_steps} steps"]
     for r in sorted(sched.runs, key=lambda r: (r.admit, r.task, r.stage)):
         notes = ("preempted " if r.preempted else "") + ("hit" if r.prefix_hit else "")
@@ -78,8 +78,8 @@ def timeline(title: str, sched: Schedule) -> list[str]:
     return lines
 
 
-def jct_table(policy: str, ours: Schedule, best: Schedule) -> list[str]:
-    a, b = evaluate(ours).jct, evaluate(best).jct
+def jct_table(policy: str, ours: Metrics, best: Metrics) -> list[str]:
+    a, b = ours.jct, best.jct
     lines = [f"task  {policy}  optimum  difference"]
     for tid in a:
         lines.append(f"{tid:5s} {a[tid]:6.0f}  {b[tid]:7.0f}  {a[tid] - b[tid]:+10.0f}")
@@ -93,15 +93,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise InputError(f"--tasks: expected at least 1, got {args.tasks}")
         if args.time_limit <= 0:
             raise InputError(f"--time-limit: expected seconds > 0, got {args.time_limit:g}")
-        inst = small_instance(args.family, seed=args.instance_seed, num_tasks=args.tasks)
-        policy = make_policy(args.policy)
+        inst = small_instance(
+            args.family, seed=args.instance_seed, num_tasks=args.tasks, profile=args.profile
+        )
+        make_policy(args.policy)  # a bad spec: one line, before anything runs
     except (InputError, ValueError) as e:
         print(f"gap_case: error: {e}", file=sys.stderr)
         return 2
-    # the study's own runs: the same simulation seed (topas.runs.policy_objectives)
-    ours = simulate(inst, policy, timing="step", seed=args.instance_seed)
-    result = solve(inst, backend=args.backend, time_limit=args.time_limit, warm_start=ours)
-    lines = describe(inst) + [""] + timeline(args.policy, ours) + [""]
+    _, ours = policy_objectives(inst, [args.policy], seed=args.instance_seed)[args.policy]
+    result = solve(  # one thread, as the study solves: the same optimum found every run
+        inst, backend=args.backend, time_limit=args.time_limit, threads=1, warm_start=ours
+    )
+    mine = evaluate(ours)
+    lines = describe(inst) + [""] + timeline(args.policy, ours, mine) + [""]
     if result.schedule is None:
         lines.append(f"oracle ({args.backend}): {result.status}, no schedule")
     else:
@@ -109,8 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             label = "proven optimal"
         else:
             label = f"{result.status}, lower bound {result.lower_bound}"
-        lines += timeline(f"oracle ({args.backend}, {label})", result.schedule)
-        lines += [""] + jct_table(args.policy, ours, result.schedule)
+        best = evaluate(result.schedule)
+        lines += timeline(f"oracle ({args.backend}, {label})", result.schedule, best)
+        lines += [""] + jct_table(args.policy, mine, best)
     print("\n".join(lines))
     return 0
 

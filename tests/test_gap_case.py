@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from topas.policies import make_policy
-from topas.schedule import PrefixInterval
+from topas.schedule import PrefixInterval, evaluate
 from topas.simulator import simulate
 from topas.workloads import small_instance
 
@@ -41,7 +41,8 @@ def test_a_load_undone_at_once_is_flagged() -> None:
     sched = simulate(inst, make_policy("fcfs"), timing="step")
     wasted = PrefixInterval(agent=inst.agents[0].id, load_start=3.0, resident_from=5.0, end=5.0)
     kept = PrefixInterval(agent=inst.agents[0].id, load_start=6.0, resident_from=7.0, end=9.0)
-    lines = gap_case.timeline("x", dataclasses.replace(sched, prefixes=[wasted, kept]))
+    changed = dataclasses.replace(sched, prefixes=[wasted, kept])
+    lines = gap_case.timeline("x", changed, evaluate(changed))
     flagged = [line for line in lines if "evicted as it became resident" in line]
     assert len(flagged) == 1 and "load    3" in flagged[0]
 
