@@ -9,13 +9,16 @@ seeds of TOPAS / best - 1 with a 95% CI (Student t, n-1 df).
 
     python analysis/compare_policies.py [--workloads chain,fanout,mixed,metagpt-sop,metagpt-tl]
         [--loads 0.5,0.8,1.0,1.2] [--seeds 5 | --seeds 20,23,27] [--tasks 200]
-        [--policies fcfs,lpm,cpf,atlas,kvflow,topas] [--jobs N] [--kv-scale 1.0]
-        [--out results/compare] [--no-progress]
+        [--policies fcfs,lpm,cpf,atlas,kvflow,topas] [--proposed topas] [--tuning]
+        [--jobs N] [--kv-scale 1.0] [--out results/compare] [--no-progress]
 
 ``--seeds N`` means the first N reporting seeds (20, 21, ...); ``--kv-scale`` multiplies
 each instance's default KV budget. Policies other than ``topas`` and its variants
 (``topas:...``, ``topas-greedy``, ``topas-base``) count as
-baselines. Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png} (each file
+baselines. ``--proposed`` names the spec compared with the best baseline (default
+``topas``; a variant to measure it the same way). Tuning seeds are refused unless
+``--tuning`` says the run is for choosing defaults (its summary says so, and no reported
+figure may come from it). Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png} (each file
 atomically, after every run has finished) and prints summary.md. Bad input: one
 ``error: ...`` line on stderr, exit status 2, nothing created.
 """
@@ -47,6 +50,8 @@ def build_parser() -> ex.Parser:
     )
     ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--policies", default=ex.compared_policies(), help="policy specs")
+    ap.add_argument("--proposed", default=PROPOSED, help="the spec compared with the best baseline")
+    ap.add_argument("--tuning", action="store_true", help="allow tuning seeds (to choose defaults)")
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--kv-scale", default="1.0", help="multiplies the default KV budget")
     ap.add_argument("--out", default="results/compare", help="output folder")
@@ -59,7 +64,12 @@ def config_from_args(args: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "workloads": ex.parse_workloads(args.workloads),
         "loads": ex.parse_floats(args.loads, "--loads", 0.0, strict=True),
-        "seeds": ex.check_report_seeds(ex.parse_seeds(args.seeds)),
+        "seeds": (
+            ex.parse_seeds(args.seeds)
+            if args.tuning
+            else ex.check_report_seeds(ex.parse_seeds(args.seeds))
+        ),
+        "tuning": bool(args.tuning),
         "tasks": ex.parse_positive_int(args.tasks, "--tasks"),
         "policies": ex.parse_policies(args.policies, "--policies"),
         "jobs": ex.parse_jobs(args.jobs),
@@ -67,7 +77,11 @@ def config_from_args(args: Any) -> dict[str, Any]:
         "out": str(ex.check_out(args.out)),
         "profile": ex.parse_profile(args.profile),
     }
-    cfg["proposed"] = PROPOSED if PROPOSED in cfg["policies"] else None
+    if args.proposed != PROPOSED and args.proposed not in cfg["policies"]:
+        raise ex.CliError(f"--proposed: {args.proposed!r} is not in --policies")
+    if args.proposed != PROPOSED and not ex.is_topas(args.proposed):
+        raise ex.CliError(f"--proposed: {args.proposed!r} is a baseline, not a TOPAS spec")
+    cfg["proposed"] = args.proposed if args.proposed in cfg["policies"] else None
     cfg["baselines"] = [p for p in cfg["policies"] if not ex.is_topas(p)]
     ex.check_instances(
         cfg["workloads"], cfg["seeds"], cfg["loads"][0], cfg["tasks"], cfg["kv_scale"]
@@ -171,6 +185,26 @@ def means_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], metri
     return md_table(header, body)
 
 
+def overall_table(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) -> str:
+    """Per TOPAS spec in ``--policies``: its change against the best baseline averaged over
+    every (workload, load) point, and the points where it is worse beyond the CI, per
+    metric."""
+    header = ["TOPAS spec"]
+    for _, label in METRICS:
+        header += [f"{label} change %, averaged", "worse beyond the CI"]
+    body = []
+    for spec in (p for p in cfg["policies"] if ex.is_topas(p)):
+        one = {**cfg, "proposed": spec}
+        cs = [point for w in cfg["workloads"] for point in comparisons(rows, one, w).values()]
+        row: list[Any] = [f"`{spec}`"]
+        for m, _ in METRICS:
+            row.append(f"{sum(c[m]['change'] for c in cs) / len(cs):+.1f}")
+            worse = sum(ex.worse_beyond_ci(c[m]["change"], c[m]["half"]) for c in cs)
+            row.append(f"{worse}/{len(cs)}")
+        body.append(row)
+    return md_table(header, body)
+
+
 def summarize(
     rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], command: str, wall_s: float
 ) -> str:
@@ -184,7 +218,15 @@ def summarize(
         f"{cfg['kv_scale']:g}. {ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
     ]
+    if cfg.get("tuning"):
+        lines += [
+            "**Tuning seeds** (`--tuning`): a run for choosing defaults; no reported figure "
+            "comes from it.",
+            "",
+        ]
     if cfg["proposed"] and cfg["baselines"]:
+        if cfg["proposed"] != PROPOSED:
+            lines += [f"TOPAS here is `{cfg['proposed']}`.", ""]
         lines += [
             "Change = mean over seeds of TOPAS / best baseline - 1, in %, ± the 95% CI "
             "half-width (Student t, n-1 df); negative: TOPAS is better. The best baseline "
@@ -197,6 +239,7 @@ def summarize(
         ]
         comps = {w: comparisons(rows, cfg, w) for w in cfg["workloads"]}
         lines += [headline(w, comps[w]) for w in cfg["workloads"]]
+        lines += ["", "Every TOPAS spec, over every point:", "", overall_table(rows, cfg)]
         for w in cfg["workloads"]:
             lines += ["", f"## {w}", "", workload_table(comps[w])]
     else:

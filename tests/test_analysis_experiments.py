@@ -157,6 +157,27 @@ def test_compare_policies_end_to_end(tmp_path: Path) -> None:
     assert (out / "jct_vs_load.png").stat().st_size > 1000
 
 
+def test_compare_policies_on_tuning_seeds_for_a_variant(tmp_path: Path) -> None:
+    # --tuning admits tuning seeds (and says so); --proposed compares a variant instead
+    out = tmp_path / "tune"
+    specs = "fcfs,lpm,topas,topas:soon=1"
+    args = ["--workloads", "chain", "--loads", "1.2", "--seeds", "1000,1001", "--tasks", "6"]
+    r = _script(
+        "compare_policies", *args, "--policies", specs, "--proposed", "topas:soon=1",
+        "--tuning", "--jobs", "1", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    summary = (out / "summary.md").read_text()
+    assert "**Tuning seeds**" in summary and "TOPAS here is `topas:soon=1`" in summary
+    # every TOPAS spec averaged over the one point, mean then p99: change %, worse
+    rows = [line for line in summary.splitlines() if line.startswith("| `topas")]
+    assert [line.split(" | ")[0] for line in rows] == ["| `topas`", "| `topas:soon=1`"]
+    assert all(line.count("/1") == 2 for line in rows)
+    config = json.loads((out / "config.json").read_text())
+    assert config["tuning"] is True and config["proposed"] == "topas:soon=1"
+    assert config["seeds"] == [1000, 1001]
+
+
 def test_ablation_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "ablation"
     args = ["--workloads", "metagpt-tl", "--seeds", "2", "--tasks", "5", "--sigmas", "0,0.5"]
@@ -189,6 +210,8 @@ BAD_INPUT = [
     ("compare_policies", ["--seeds", "2,20"], "tuning seeds"),
     ("ablation", ["--seeds", "1500,"], "tuning seeds"),
     ("compare_policies", ["--policies", "fcfs,bogus"], "bogus"),
+    ("compare_policies", ["--policies", "fcfs,topas", "--proposed", "topas:soon=1"], "--proposed"),
+    ("compare_policies", ["--policies", "fcfs,topas", "--proposed", "fcfs"], "baseline"),
     ("compare_policies", ["--policies", "topas:nosuch=1"], "nosuch"),
     ("compare_policies", ["--loads", "0.8,-1"], "--loads"),
     ("compare_policies", ["--kv-scale", "0.01"], "--kv-scale"),

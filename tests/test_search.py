@@ -225,8 +225,8 @@ def test_longest_path_defers_the_stages_not_started():
 def test_invariants_in_both_timing_modes(inst):
     # debug=True re-checks every invariant after every event: KV within capacity, every
     # running stage's prefix resident, deps before starts, each stage once
-    for timing in ("step", "calibrated"):
-        sched = simulate(inst, make_policy("topas"), timing=timing, debug=True)
+    for timing, spec in itertools.product(("step", "calibrated"), ("topas", "topas:soon=1")):
+        sched = simulate(inst, make_policy(spec), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
         if timing == "step":
             verify_step(sched)
@@ -376,6 +376,42 @@ def test_a_starving_stage_is_not_left_behind_in_a_memory_bound_stream():
 
 
 # --------------------------------------------------------------------------- each term
+
+
+def test_soon_credits_a_stage_that_fits_once_a_running_stage_ends():
+    # Capacity 9,100 over a 10 token/s link (c(a) = 400 s); A and B resident; t/r (A,
+    # 200 KV, 110 steps) runs and its child x needs B: n_B = 1. u/s (A, 1,000 KV) waits
+    # with 900 free. D = (110 + 110 + 550) / 3 = 256.67 s; s's value is D x 2 = 513.33
+    # (g = 1; its agent runs r: the visit weight). Without ``soon`` keeping B packs
+    # nothing (score V_reuse = 400), dropping B admits s now (513.33, B's reuse lost), so
+    # B is evicted, to be reloaded for x. With ``soon`` the kept set also counts s at
+    # 1 - 110 / D, since r returns the 100 tokens s lacks in 110 s: 400 + 293.33 = 693.33,
+    # and nothing moves.
+    inst = make(
+        {"A": 4000, "B": 4000},
+        [
+            task("t", 0, stage("r", "A", 100, 100), stage("x", "B", 100, 100, ["r"])),
+            task("u", 0, stage("s", "A", 500, 500)),
+        ],
+        capacity=9100,
+        load={"kind": "host", "tokens_per_s": 10.0},
+    )
+    scores = {}
+    for spec in ("topas", "topas:soon=1"):
+        state = released(inst)
+        make_resident(state, "A", "B")
+        apply_inplace(state, Decision(admit=(("t", "r"),)))
+        policy = ready(spec, inst)
+        rnd = policy._round(state)
+        keep, drop = policy._pack(state, rnd, ("A", "B")), policy._pack(state, rnd, ("A",))
+        assert keep.admitted == [] and drop.admitted == [("u", "s")]
+        scores[spec] = keep.score, drop.score, policy.decide(state)
+    keep, drop, d = scores["topas"]
+    assert (keep, drop) == (pytest.approx(400.0), pytest.approx(1540 / 3))
+    assert d.evict == ("B",) and d.admit == (("u", "s"),)
+    keep, drop, d = scores["topas:soon=1"]
+    assert (keep, drop) == (pytest.approx(400.0 + 880 / 3), pytest.approx(1540 / 3))
+    assert d.evict == () and d.admit == ()
 
 
 def test_each_term_has_its_sign_and_switch():

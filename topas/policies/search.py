@@ -67,6 +67,11 @@ it; if it does not fit even so, nothing else is admitted until it does (aging al
 does not bound the wait of a stage that needs memory the others keep taking). This is an
 addition to the paper's description.
 
+With ``soon=1`` (off by default: it helps the step model's gap and costs the calibrated
+workloads, docs/topas.md) a pack also credits, at ``max(0, 1 - T / D)``, a stage that fits
+only once running stages (each at its predicted end ``T``) and draining prompts return
+their KV within ``D``.
+
 Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
 fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
 The waiting queue is kept across decisions by :class:`~topas.policies.search_view.QueueView`, so
@@ -389,6 +394,31 @@ class _Pack:
         return self.score >= other.score - 1e-9 and self.changes < other.changes
 
 
+class _Returns:
+    """The KV that running stages and draining prompts return within the deferral
+    (``soon=1``), read soonest first only as far as a pack asks."""
+
+    def __init__(self, returns: Iterable[tuple[float, int]]) -> None:
+        self._left = iter(returns)  # (seconds from now, KV tokens), soonest first
+        self._times: list[float] = []
+        self._total: list[int] = []  # KV returned by the end of each of _times
+        self._used = 0  # promised to stages credited before
+
+    def when(self, need: int, free: int) -> float | None:
+        """Seconds until ``need`` tokens fit beside what earlier stages were promised
+        (the free memory counted for each: an approximation), or None if not within the
+        deferral; the need is promised when it fits."""
+        target = need + self._used - free
+        while not self._total or self._total[-1] < target:
+            nxt = next(self._left, None)
+            if nxt is None:
+                return None
+            self._times.append(nxt[0])
+            self._total.append((self._total[-1] if self._total else 0) + nxt[1])
+        self._used += need
+        return self._times[bisect.bisect_left(self._total, target)]
+
+
 @dataclass
 class _Round:
     """What one decision computes once and every candidate reads."""
@@ -407,6 +437,8 @@ class _Round:
     current_reuse: float = 0.0  # sum over R_t of n_a * c(a)
     running_kv: dict[str, int] = field(default_factory=dict)  # agent -> KV of its running
     drain_s: dict[str, float] = field(default_factory=dict)  # agent -> its last to finish
+    returns: list[tuple[float, int]] = field(default_factory=list)  # running stages due
+    # within the deferral (soon=1): (seconds left, KV they return), soonest first
     running_refs: dict[str, list[StageRef]] = field(default_factory=dict)  # agent -> running
     revoke_loss: dict[str, float] = field(default_factory=dict)  # agent -> J_redo + J_revoke
     # (with retract=1 only)
@@ -464,6 +496,7 @@ class TOPAS(Policy):
     retract: bool = False  # a dropped prefix's running stages may be retracted, not drained
     visit: float = 1.0  # J_admit counts a stage whose agent runs stages now 1 + visit times
     age_form: str = "linear"  # g_i(t): linear (1 + rho age / H_age) | log (the paper's)
+    soon: bool = False  # a stage that fits once kept agents' running stages end counts too
     name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -702,6 +735,9 @@ class TOPAS(Policy):
             if run.started_at is not None:
                 left = max(0.0, left - (state.time - run.started_at))
             rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
+            if self.soon and left < self._mean_svc:
+                rnd.returns.append((left, run.reserved))
+        rnd.returns.sort()
         return rnd
 
     def _more(self, rnd: _Round, agent: str, position: int) -> bool:
@@ -748,6 +784,7 @@ class TOPAS(Policy):
         slots = rnd.slots
         retract: list[StageRef] = []
         j_retract = 0.0
+        prompts_out: list[tuple[float, int]] = []  # with soon: (drain ends, prompt KV)
         for a in sorted(keep ^ rnd.current):  # only what changes against R_t costs or frees
             if a in keep:  # absent now: loaded (l_in is charged below, per waiting task)
                 free -= rnd.tokens[a]
@@ -762,6 +799,8 @@ class TOPAS(Policy):
                 retract += rnd.running_refs.get(a, ())
                 j_retract += rnd.revoke_loss.get(a, 0.0)
                 j_move += rnd.cost[a] * len({r[0] for r in rnd.running_refs.get(a, ())})
+            elif rnd.status[a] is PrefixStatus.RESIDENT and self.soon:  # its stages: returns
+                prompts_out.append((rnd.drain_s.get(a, 0.0), rnd.tokens[a]))
             elif rnd.status[a] is PrefixStatus.RESIDENT:
                 drained += rnd.tokens[a] + rnd.running_kv.get(a, 0)
                 drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
@@ -781,6 +820,9 @@ class TOPAS(Policy):
         if revoke and not retract or len(retract) >= self.max_changes:
             return None  # nothing to retract, or more retractions than K allows
         misfits, late, j_admit = 0, 0, 0.0
+        soon = None
+        if self.soon:  # every stage due within D returns its KV, a drained prompt its own
+            soon = _Returns(heapq.merge(rnd.returns, sorted(prompts_out)))
         while slots > 0 and len(admitted) + late + len(retract) < self.max_changes:
             while h < n_heads and heads[h][1] not in keep:
                 h += 1
@@ -800,16 +842,21 @@ class TOPAS(Policy):
                 heapq.heappush(queue, (rnd.rank[q[i + 1]], a))
             need = rnd.need[ref]
             now = need <= free
+            wait = None  # with ``soon``: seconds until R''s running stages return its need
             if not now and (need > drained or not later):
-                misfits += 1
-                if misfits >= MAX_MISFITS:
-                    break
-                continue
+                if soon is None or (wait := soon.when(need, free)) is None:
+                    misfits += 1
+                    if misfits >= MAX_MISFITS:
+                        break
+                    continue
             value = rnd.value[ref]
             if rnd.users[a]:  # its agent runs stages now: this continues its visit
                 value *= 1.0 + self.visit
             slots -= 1
-            if now:
+            if wait is not None:
+                j_admit += max(0.0, 1.0 - wait / max(self._mean_svc, 1e-9)) * value
+                late += 1
+            elif now:
                 credit[ref] = value
                 j_admit += value
                 free -= need
