@@ -18,8 +18,8 @@ each instance's default KV budget. Policies other than ``topas`` and its variant
 baselines. ``--proposed`` names the spec compared with the best baseline (default
 ``topas``; a variant to measure it the same way). Tuning seeds are refused unless
 ``--tuning`` says the run is for choosing defaults (its summary says so, and no reported
-figure may come from it). Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png} (each file
-atomically, after every run has finished) and prints summary.md. Bad input: one
+figure may come from it). Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png}
+(each file atomically, after every run has finished) and prints summary.md. Bad input: one
 ``error: ...`` line on stderr, exit status 2, nothing created.
 """
 

@@ -496,7 +496,7 @@ class TOPAS(Policy):
     retract: bool = False  # a dropped prefix's running stages may be retracted, not drained
     visit: float = 1.0  # J_admit counts a stage whose agent runs stages now 1 + visit times
     age_form: str = "linear"  # g_i(t): linear (1 + rho age / H_age) | log (the paper's)
-    soon: bool = False  # a stage that fits once kept agents' running stages end counts too
+    soon: bool = False  # credit a stage that fits once running stages and drains end
     name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -842,7 +842,7 @@ class TOPAS(Policy):
                 heapq.heappush(queue, (rnd.rank[q[i + 1]], a))
             need = rnd.need[ref]
             now = need <= free
-            wait = None  # with ``soon``: seconds until R''s running stages return its need
+            wait = None  # with ``soon``: seconds until running stages and drains free it
             if not now and (need > drained or not later):
                 if soon is None or (wait := soon.when(need, free)) is None:
                     misfits += 1
