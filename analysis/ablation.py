@@ -14,9 +14,9 @@ seed, so every policy is told the same lengths); change against the same policy 
 sigma 0, paired over seeds. Sigma 0 is always included.
 
     python analysis/ablation.py [--workloads chain,fanout,mixed,metagpt-sop,metagpt-tl]
-        [--load 1.2] [--seeds 5 | --seeds 20,23,27] [--tasks 200] [--sigmas 0,0.25,0.5,1.0]
-        [--sweep-policies topas,lpm,kvflow] [--jobs N] [--kv-scale 1.0]
-        [--out results/ablation] [--no-progress]
+        [--load 1.2] [--seeds 5 | --seeds 20,23,27] [--tuning] [--tasks 200]
+        [--sigmas 0,0.25,0.5,1.0] [--sweep-policies topas,lpm,kvflow] [--jobs N]
+        [--kv-scale 1.0] [--out results/ablation] [--no-progress]
 
 Calibrated timing. A run both parts need (full TOPAS at sigma 0) runs once. Writes
 OUT/{config.json, runs.csv, summary.md, ablation.png, prediction_error.png} (each file
@@ -49,6 +49,7 @@ def build_parser() -> ex.Parser:
     ap.add_argument(
         "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
     )
+    ex.add_tuning_option(ap)
     ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--sigmas", default="0,0.25,0.5,1.0", help="prediction-error sigmas")
     ap.add_argument("--sweep-policies", default="topas,lpm,kvflow", help="policy specs")
@@ -65,7 +66,8 @@ def config_from_args(args: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "workloads": ex.parse_workloads(args.workloads),
         "load": ex.parse_positive_float(args.load, "--load"),
-        "seeds": ex.check_report_seeds(ex.parse_seeds(args.seeds)),
+        "seeds": ex.study_seeds(args),
+        "tuning": bool(args.tuning),
         "tasks": ex.parse_positive_int(args.tasks, "--tasks"),
         "sigmas": sorted({0.0, *sigmas}),
         "sweep_policies": ex.parse_policies(args.sweep_policies, "--sweep-policies"),
@@ -192,6 +194,7 @@ def summarize(
         f"seeds {ex.fmt_list(cfg['seeds'])} (the same instances for every run); KV budget x"
         f"{cfg['kv_scale']:g}. {ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
+        *ex.tuning_lines(cfg),
         "Changes are paired over seeds: mean of X / reference - 1, in %, ± the 95% CI "
         "half-width (Student t, n-1 df). `*`: the CI excludes 0 and the change is at least "
         f"{ex.NEGLIGIBLE_PCT:g}%.",

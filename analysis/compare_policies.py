@@ -51,7 +51,7 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--policies", default=ex.compared_policies(), help="policy specs")
     ap.add_argument("--proposed", default=PROPOSED, help="the spec compared with the best baseline")
-    ap.add_argument("--tuning", action="store_true", help="allow tuning seeds (to choose defaults)")
+    ex.add_tuning_option(ap)
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--kv-scale", default="1.0", help="multiplies the default KV budget")
     ap.add_argument("--out", default="results/compare", help="output folder")
@@ -64,11 +64,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "workloads": ex.parse_workloads(args.workloads),
         "loads": ex.parse_floats(args.loads, "--loads", 0.0, strict=True),
-        "seeds": (
-            ex.parse_seeds(args.seeds)
-            if args.tuning
-            else ex.check_report_seeds(ex.parse_seeds(args.seeds))
-        ),
+        "seeds": ex.study_seeds(args),
         "tuning": bool(args.tuning),
         "tasks": ex.parse_positive_int(args.tasks, "--tasks"),
         "policies": ex.parse_policies(args.policies, "--policies"),
@@ -218,12 +214,7 @@ def summarize(
         f"{cfg['kv_scale']:g}. {ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
     ]
-    if cfg.get("tuning"):
-        lines += [
-            "**Tuning seeds** (`--tuning`): a run for choosing defaults; no reported figure "
-            "comes from it.",
-            "",
-        ]
+    lines += ex.tuning_lines(cfg)
     if cfg["proposed"] and cfg["baselines"]:
         if cfg["proposed"] != PROPOSED:
             lines += [f"TOPAS here is `{cfg['proposed']}`.", ""]

@@ -477,6 +477,28 @@ SEED_SPLIT = {
 """What every config.json records of the split."""
 
 
+def add_tuning_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--tuning", action="store_true", help="allow tuning seeds (to choose defaults)")
+
+
+def study_seeds(args: Any) -> list[int]:
+    """``--seeds`` parsed; tuning seeds refused unless ``--tuning`` (a run for choosing
+    defaults, which :func:`tuning_lines` marks in its summary)."""
+    seeds = parse_seeds(args.seeds)
+    return seeds if args.tuning else check_report_seeds(seeds)
+
+
+def tuning_lines(cfg: Mapping[str, Any]) -> list[str]:
+    """The summary's warning for a ``--tuning`` run (nothing otherwise)."""
+    if not cfg.get("tuning"):
+        return []
+    return [
+        "**Tuning seeds** (`--tuning`): a run for choosing defaults; no reported figure "
+        "comes from it.",
+        "",
+    ]
+
+
 def check_report_seeds(seeds: Sequence[int], option: str = "--seeds") -> list[int]:
     """``seeds`` if none is a tuning seed (>= :data:`TUNING_SEED_MIN`, or one of
     :data:`LEGACY_TUNING_SEEDS`), else bad input."""

@@ -178,6 +178,19 @@ def test_compare_policies_on_tuning_seeds_for_a_variant(tmp_path: Path) -> None:
     assert config["seeds"] == [1000, 1001]
 
 
+@pytest.mark.parametrize("script", ["compare_policies", "ablation"])
+def test_tuning_admits_tuning_seeds_and_marks_the_run(tmp_path: Path, script: str) -> None:
+    module = _load(script)
+    out = str(tmp_path / "out")
+    cfg = module.config_from_args(
+        module.build_parser().parse_args(["--seeds", "1000,3", "--tuning", "--out", out])
+    )
+    assert cfg["seeds"] == [1000, 3] and cfg["tuning"] is True
+    assert ex.tuning_lines(cfg)[0].startswith("**Tuning seeds**")
+    plain = module.config_from_args(module.build_parser().parse_args(["--out", out]))
+    assert plain["tuning"] is False and ex.tuning_lines(plain) == []
+
+
 def test_ablation_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "ablation"
     args = ["--workloads", "metagpt-tl", "--seeds", "2", "--tasks", "5", "--sigmas", "0,0.5"]
