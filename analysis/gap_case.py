@@ -8,19 +8,22 @@ study's own: pick ``family``, ``tasks`` and ``instance_seed`` from a row of its
 ``runs.csv``.
 
     python analysis/gap_case.py chain --tasks 4 --instance-seed 4000 [--policy topas]
-        [--backend cpsat] [--time-limit 30] [--profile NAME]
+        [--backend cpsat] [--time-limit 30] [--profile NAME] [--plot case.png]
 
-Prints text only (nothing is written); exit status 2 with one line on bad input.
+Prints text; ``--plot`` also draws both schedules (a Gantt chart per schedule: the
+tasks' stage runs and the prompts' residency, one colour per agent) to a PNG, written
+atomically. Exit status 2 with one line on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from collections.abc import Sequence
 
 from topas.errors import InputError
-from topas.instance import Instance
+from topas.instance import Instance, write_atomic
 from topas.oracle import solve
 from topas.oracle.problem import BACKENDS
 from topas.policies import make_policy
@@ -38,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", choices=BACKENDS, default="cpsat")
     ap.add_argument("--time-limit", type=float, default=30.0, help="oracle seconds")
     ap.add_argument("--profile", default=None, help="the study's --profile, if it had one")
+    ap.add_argument(
+        "--plot", default=None, metavar="PNG", help="also draw both schedules to this PNG file"
+    )
     return ap
 
 
@@ -78,6 +84,59 @@ def timeline(title: str, sched: Schedule, m: Metrics) -> list[str]:
     return lines
 
 
+def draw(panels: Sequence[tuple[str, Schedule]], inst: Instance) -> bytes:
+    """Both schedules as PNG bytes, one panel each on a shared step axis: per task a row of
+    its stage runs (from start to end; the wait for the prompt from admission to start,
+    light; a preempted run hatched), per agent a row of its prompt's residency (the load
+    light), every agent in its own colour."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    agents = [a.id for a in inst.agents]
+    colour = {a: f"C{i % 10}" for i, a in enumerate(agents)}
+    rows = [t.id for t in inst.tasks] + [f"prompt {a}" for a in agents]
+    y = {name: len(rows) - 1 - i for i, name in enumerate(rows)}
+    fig = Figure(figsize=(10, 1.2 + 0.32 * len(rows) * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (title, sched) in zip(axes, panels, strict=True):
+        for r in sched.runs:
+            row, c = y[r.task], colour[r.agent]
+            if r.start > r.admit:
+                ax.broken_barh(
+                    [(r.admit, r.start - r.admit)], (row - 0.3, 0.6), color=c, alpha=0.25
+                )
+            ax.broken_barh(
+                [(r.start, r.end - r.start)],
+                (row - 0.3, 0.6),
+                color=c,
+                edgecolor="black",
+                lw=0.5,
+                hatch="//" if r.preempted else None,
+            )
+            ax.text((r.start + r.end) / 2, row, r.stage, ha="center", va="center", fontsize=6)
+        for p in sched.prefixes:
+            row, c = y[f"prompt {p.agent}"], colour[p.agent]
+            ax.broken_barh(
+                [(p.load_start, p.resident_from - p.load_start)],
+                (row - 0.3, 0.6),
+                color=c,
+                alpha=0.25,
+            )
+            ax.broken_barh([(p.resident_from, p.end - p.resident_from)], (row - 0.3, 0.6), color=c)
+        ax.set_yticks(range(len(rows)), list(reversed(rows)), fontsize=7)
+        ax.set_title(title, fontsize="medium", loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("step")
+    fig.legend(
+        handles=[Patch(color=colour[a], label=a) for a in agents],
+        loc="outside right upper",
+        fontsize="small",
+    )
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    return buf.getvalue()
+
+
 def jct_table(policy: str, ours: Metrics, best: Metrics) -> list[str]:
     a, b = ours.jct, best.jct
     lines = [f"task  {policy}  optimum  difference"]
@@ -97,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.family, seed=args.instance_seed, num_tasks=args.tasks, profile=args.profile
         )
         make_policy(args.policy)  # a bad spec: one line, before anything runs
+        if args.plot is not None and not args.plot.endswith(".png"):
+            raise InputError(f"--plot: a .png file expected, got {args.plot!r}")
     except (InputError, ValueError) as e:
         print(f"gap_case: error: {e}", file=sys.stderr)
         return 2
@@ -106,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     mine = evaluate(ours)
     lines = describe(inst) + [""] + timeline(args.policy, ours, mine) + [""]
+    panels = [(f"{args.policy}: sum of JCTs {mine.objective_steps} steps", ours)]
     if result.schedule is None:
         lines.append(f"oracle ({args.backend}): {result.status}, no schedule")
     else:
@@ -116,6 +178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         best = evaluate(result.schedule)
         lines += timeline(f"oracle ({args.backend}, {label})", result.schedule, best)
         lines += [""] + jct_table(args.policy, mine, best)
+        title = f"oracle ({args.backend}, {label}): sum of JCTs {best.objective_steps} steps"
+        panels.append((title, result.schedule))
+    if args.plot is not None:
+        try:
+            write_atomic(args.plot, draw(panels, inst))
+        except OSError as e:
+            print(f"gap_case: error: --plot: {e}", file=sys.stderr)
+            return 2
+        lines += ["", f"wrote {args.plot}"]
     print("\n".join(lines))
     return 0
 

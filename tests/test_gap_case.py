@@ -60,3 +60,22 @@ def test_bad_input_is_one_line_and_status_2(argv, words, capsys) -> None:  # typ
     assert gap_case.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("gap_case: error:") and words in err and "\n" not in err
+
+
+def test_plot_draws_both_schedules_to_a_png(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    png = tmp_path / "case.png"
+    argv = ["chain", "--tasks", "2", "--instance-seed", "2000", "--policy", "fcfs"]
+    assert gap_case.main([*argv, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["case.png"]  # no temporary left
+
+
+@pytest.mark.parametrize("name", ["case.svg", "blocker/case.png"])
+def test_a_bad_plot_path_is_one_line_and_status_2(tmp_path, capsys, name) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    argv = ["chain", "--tasks", "2", "--instance-seed", "2000", "--policy", "fcfs"]
+    assert gap_case.main([*argv, "--plot", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gap_case: error: --plot")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
