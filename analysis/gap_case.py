@@ -23,12 +23,12 @@ import sys
 from collections.abc import Sequence
 
 from topas.errors import InputError
-from topas.instance import Instance, write_atomic
+from topas.instance import Instance, StageRef, write_atomic
 from topas.oracle import solve
 from topas.oracle.problem import BACKENDS
 from topas.policies import make_policy
 from topas.runs import policy_objectives
-from topas.schedule import Metrics, Schedule, evaluate
+from topas.schedule import Metrics, Schedule, StageRun, evaluate
 from topas.workloads import small_instance
 
 
@@ -99,21 +99,23 @@ def draw(panels: Sequence[tuple[str, Schedule]], inst: Instance) -> bytes:
     fig = Figure(figsize=(10, 1.2 + 0.32 * len(rows) * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (title, sched) in zip(axes, panels, strict=True):
+        lane, lanes = _lanes(sched.runs)
         for r in sched.runs:
-            row, c = y[r.task], colour[r.agent]
+            c, k = colour[r.agent], lanes[r.task]
+            h = 0.7 / k  # overlapping runs of one task share its row, one lane each
+            low = y[r.task] - 0.35 + h * lane[r.ref]
             if r.start > r.admit:
-                ax.broken_barh(
-                    [(r.admit, r.start - r.admit)], (row - 0.3, 0.6), color=c, alpha=0.25
-                )
+                ax.broken_barh([(r.admit, r.start - r.admit)], (low, h), color=c, alpha=0.25)
             ax.broken_barh(
                 [(r.start, r.end - r.start)],
-                (row - 0.3, 0.6),
+                (low, h),
                 color=c,
                 edgecolor="black",
                 lw=0.5,
                 hatch="//" if r.preempted else None,
             )
-            ax.text((r.start + r.end) / 2, row, r.stage, ha="center", va="center", fontsize=6)
+            mid = ((r.start + r.end) / 2, low + h / 2)
+            ax.text(*mid, r.stage, ha="center", va="center", fontsize=6 if k < 3 else 5)
         for p in sched.prefixes:
             row, c = y[f"prompt {p.agent}"], colour[p.agent]
             ax.broken_barh(
@@ -135,6 +137,22 @@ def draw(panels: Sequence[tuple[str, Schedule]], inst: Instance) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return buf.getvalue()
+
+
+def _lanes(runs: Sequence[StageRun]) -> tuple[dict[StageRef, int], dict[str, int]]:
+    """A lane per run within its task's row (the first whose last run ended by its
+    admission; runs in admission order) and the lanes each task needs."""
+    lane: dict[StageRef, int] = {}
+    ends: dict[str, list[float]] = {}
+    for r in sorted(runs, key=lambda r: (r.admit, r.stage)):
+        free = ends.setdefault(r.task, [])
+        i = next((i for i, e in enumerate(free) if e <= r.admit), len(free))
+        if i == len(free):
+            free.append(r.end)
+        else:
+            free[i] = r.end
+        lane[r.ref] = i
+    return lane, {tid: max(1, len(e)) for tid, e in ends.items()}
 
 
 def jct_table(policy: str, ours: Metrics, best: Metrics) -> list[str]:

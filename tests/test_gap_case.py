@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from topas.policies import make_policy
-from topas.schedule import PrefixInterval, evaluate
+from topas.schedule import PrefixInterval, StageRun, evaluate
 from topas.simulator import simulate
 from topas.workloads import small_instance
 
@@ -79,3 +79,17 @@ def test_a_bad_plot_path_is_one_line_and_status_2(tmp_path, capsys, name) -> Non
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gap_case: error: --plot")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
+
+
+def test_overlapping_runs_of_a_task_get_lanes() -> None:
+    # one task: a 0-5, b 1-3, c 3-6, d 5-7 (admission = start). a takes lane 0, b lane 1
+    # (a still runs); c reuses lane 1 (b ended at 3), d lane 0 (a ended at 5): two lanes.
+    # A task running one stage at a time needs one.
+    def run(task: str, stage: str, start: float, end: float) -> StageRun:
+        return StageRun(task, stage, "A", start, start, end)
+
+    runs = [run("t", "a", 0, 5), run("t", "b", 1, 3), run("t", "c", 3, 6), run("t", "d", 5, 7)]
+    runs += [run("u", "x", 0, 2), run("u", "y", 2, 4)]
+    lane, lanes = gap_case._lanes(runs)
+    assert [lane[("t", s)] for s in "abcd"] == [0, 1, 1, 0] and lanes == {"t": 2, "u": 1}
+    assert lane[("u", "x")] == lane[("u", "y")] == 0
