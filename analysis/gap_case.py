@@ -18,9 +18,12 @@ atomically. Exit status 2 with one line on bad input.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import experiments as ex  # noqa: E402
 
 from topas.errors import InputError
 from topas.instance import Instance, StageRef, write_atomic
@@ -134,9 +137,7 @@ def draw(panels: Sequence[tuple[str, Schedule]], inst: Instance) -> bytes:
         loc="outside right upper",
         fontsize="small",
     )
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    return buf.getvalue()
+    return ex.figure_png(fig)
 
 
 def _lanes(runs: Sequence[StageRun]) -> tuple[dict[StageRef, int], dict[str, int]]:

@@ -854,7 +854,7 @@ class TOPAS(Policy):
                 value *= 1.0 + self.visit
             slots -= 1
             if wait is not None:
-                j_admit += max(0.0, 1.0 - wait / max(self._mean_svc, 1e-9)) * value
+                j_admit += self._deferred(wait) * value
                 late += 1
             elif now:
                 credit[ref] = value
@@ -877,9 +877,12 @@ class TOPAS(Policy):
 
     def _later(self, drain_s: float) -> float:
         """The credit of a stage that fits only once the drain ends, ``drain_s`` from now."""
-        if not self.drain_discount:
-            return 1.0
-        return max(0.0, 1.0 - drain_s / max(self._mean_svc, 1e-9))
+        return self._deferred(drain_s) if self.drain_discount else 1.0
+
+    def _deferred(self, wait_s: float) -> float:
+        """``max(0, 1 - T / D)``: the share of its credit a stage keeps when it can start
+        only ``T = wait_s`` seconds from now."""
+        return max(0.0, 1.0 - wait_s / max(self._mean_svc, 1e-9))
 
     @staticmethod
     def _share(an: _Analysis, deferral: float) -> float:
