@@ -18,7 +18,11 @@ as in a busy server. Reported per planned round:
 - ``sglang lpm``: the same call on a cache without TOPAS (SGLang as it ships), for scale.
 
 The time budget is off (``budget_ms=0``) unless ``--budget-ms`` is given: the figures are
-what a plan costs, not what the budget lets through.
+what a plan costs, not what the budget lets through. ``--schedule`` is SGLang's
+``--schedule-policy`` under the plugin: ``lpm`` (default, as the README's launch line),
+whose prefix match walks every waiting request's prompt in the tree first, or ``fcfs``.
+``--flush-mb N`` writes N MB before each round, so that the plan starts with cold CPU
+caches as after a walk of the tree or a forward pass (a diagnostic: 0, off, by default).
 
 A second part replays whole ``metagpt-sop`` instances through SGLang's scheduler objects
 (:mod:`topas_sglang.cpu_loop`, half the KV budget so that a queue builds up, ``topas``,
@@ -29,7 +33,7 @@ about 3 and 9 minutes); instance seed 1000, a tuning seed: this measures cost, n
 
     .venv-sglang/bin/python integration/sglang/bench_plan.py [--waiting 20,100,400]
         [--policies topas,topas-greedy] [--kinds queue,churn] [--rounds 200] [--budget-ms 0]
-        [--replays 100:1.5,200:2] [--out DIR]
+        [--schedule lpm] [--flush-mb 0] [--replays 100:1.5,200:2] [--out DIR]
 
 Writes ``DIR/{summary.md, runs.csv, config.json}`` when ``--out`` is given.
 """
@@ -37,6 +41,7 @@ Writes ``DIR/{summary.md, runs.csv, config.json}`` when ``--out`` is given.
 from __future__ import annotations
 
 import argparse
+import gc
 import shlex
 import statistics
 import sys
@@ -55,9 +60,15 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def setup(waiting: int, eviction: str, spare: int = 0) -> tuple[Any, Any, list, Any, list]:  # type: ignore[no-untyped-def]
-    """(cache, SGLang's schedule policy, waiting requests, running batch, ``spare`` more
-    requests of new tasks to arrive later)."""
+SCHEDULES = ("lpm", "fcfs")
+"""SGLang's schedule policies the bench runs the plugin under (``--schedule``)."""
+
+
+def setup(  # type: ignore[no-untyped-def]
+    waiting: int, eviction: str, spare: int = 0, schedule: str = "lpm"
+) -> tuple[Any, Any, list, Any, list]:
+    """(cache, SGLang's schedule policy (``schedule``), waiting requests, running batch,
+    ``spare`` more requests of new tasks to arrive later)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -73,7 +84,7 @@ def setup(waiting: int, eviction: str, spare: int = 0) -> tuple[Any, Any, list, 
     reqs = [payload_req(stage_payload(inst, t, t.topo_order[0], prompts)) for t in inst.tasks]
     for i, req in enumerate(reqs):  # queued in task order, as the scheduler stamps on entry
         req.time_stats.wait_queue_entry_time = 1.0 + i
-    policy = SchedulePolicy("lpm", cache, False, False, False)
+    policy = SchedulePolicy(schedule, cache, False, False, False)
     queued = reqs[RUNNING : RUNNING + waiting]
     return cache, policy, queued, ScheduleBatch(reqs=reqs[:RUNNING]), reqs[RUNNING + waiting :]
 
@@ -87,17 +98,25 @@ as between two rounds of a busy server."""
 
 
 def measure(
-    waiting: int, spec: str | None, rounds: int, budget_ms: float, kind: str = "queue"
+    waiting: int,
+    spec: str | None,
+    rounds: int,
+    budget_ms: float,
+    kind: str = "queue",
+    schedule: str = "lpm",
+    flush_mb: int = 0,
 ) -> dict[str, float]:
     """Per-round figures (ms) for one queue length and policy (None: SGLang alone), with
-    the changes between rounds that ``kind`` names (:data:`ROUNDS`)."""
+    the changes between rounds that ``kind`` names (:data:`ROUNDS`), under SGLang's
+    ``schedule`` policy, each round after writing ``flush_mb`` MB (cold CPU caches)."""
     from topas_sglang.cpu_loop import payload_req
     from topas_sglang.retention import controller_of
 
     spare = rounds + 20 if kind == "churn" else 0
     cache, policy, queue, running, arrivals = setup(
-        waiting, "lru" if spec is None else "topas", spare
+        waiting, "lru" if spec is None else "topas", spare, schedule
     )
+    junk = bytearray(flush_mb << 20)
     for i, req in enumerate(arrivals):  # they join the queue after the first ones
         req.time_stats.wait_queue_entry_time = 1.0 + RUNNING + waiting + i
     controller = controller_of(cache)
@@ -105,12 +124,15 @@ def measure(
     if controller is not None:
         controller.policy_spec, controller.budget_ms = spec, budget_ms
         plan_cpu = _timed(controller)
-    walls = []
+    gc.collect()  # the garbage of earlier configurations is not collected in this one's
+    walls = []  # rounds (a full collection of SGLang's heap takes about half a second)
     for i in range(rounds + 20):  # the first 20 rounds warm up (policy tables, caches)
         if kind == "churn":
             _churn(queue, running.reqs, arrivals[i], controller)
         plain = {"rid": f"x{i}", "input_ids": [1, 2, i], "sampling_params": {"max_new_tokens": 1}}
         q = [*queue, payload_req(plain)]  # untagged: SGLang's order, a changed queue
+        if junk:
+            junk[:] = bytes(len(junk))  # every cache line written: the caches are cold
         t = time.perf_counter()
         policy.calc_priority(q, running)
         walls.append(time.perf_counter() - t)
@@ -195,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--kinds", default=",".join(ROUNDS), help="what changes between rounds")
     ap.add_argument("--budget-ms", type=float, default=0.0, help="0: no time budget")
+    ap.add_argument("--schedule", default="lpm", choices=SCHEDULES,
+                    help="SGLang's --schedule-policy under the plugin")  # fmt: skip
+    ap.add_argument("--flush-mb", type=int, default=0, help="MB written before each round")
     ap.add_argument("--replays", default="100:1.5,200:2", help="TASKS:LOAD,... ('': none)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -203,8 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"error: --waiting: integers expected, got {args.waiting!r}", file=sys.stderr)
         return 2
-    if not sizes or min(sizes) < 1 or args.rounds < 1 or args.budget_ms < 0:
-        print("error: --waiting and --rounds must be >= 1, --budget-ms >= 0", file=sys.stderr)
+    if not sizes or min(sizes) < 1 or args.rounds < 1 or args.budget_ms < 0 or args.flush_mb < 0:
+        print("error: --waiting and --rounds must be >= 1, --budget-ms and --flush-mb >= 0",
+              file=sys.stderr)  # fmt: skip
         return 2
     try:
         replays = [
@@ -225,10 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for kind in kinds:
         for n in sizes:
-            base = measure(n, None, args.rounds, 0.0, kind)["calc_priority_p50_ms"]
+            under = {"schedule": args.schedule, "flush_mb": args.flush_mb}
+            base = measure(n, None, args.rounds, 0.0, kind, **under)["calc_priority_p50_ms"]
             for spec in specs:
                 row = {"round": kind, "waiting": n, "policy": spec, "sglang_lpm_p50_ms": base}
-                row.update(measure(n, spec, args.rounds, args.budget_ms, kind))
+                row.update(measure(n, spec, args.rounds, args.budget_ms, kind, **under))
                 rows.append(row)
                 print(f"{kind}, {n} waiting, {spec}: plan p50 {row['plan_p50_ms']:.3f} ms",
                       file=sys.stderr)  # fmt: skip
@@ -237,10 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         replayed.append(replay_cost(tasks, load))
         print(f"replay {tasks} tasks at load {load}: {replayed[-1]}", file=sys.stderr)
     command = shlex.join(["python", "integration/sglang/bench_plan.py", *argv])
-    text = summary_md(rows, command) + replay_md(replayed)
+    text = summary_md(rows, command, args.schedule, args.flush_mb) + replay_md(replayed)
     if args.out:
         params = StudyParams({"waiting": sizes, "policies": specs, "rounds": args.rounds,
-                              "kinds": kinds,
+                              "kinds": kinds, "schedule": args.schedule,
+                              "flush_mb": args.flush_mb,
                               "budget_ms": args.budget_ms, "replays": args.replays,
                               "replay_seed": REPLAY_SEED, "replay_kv": REPLAY_KV})  # fmt: skip
         files = study_files("plugin plan cost", params.to_json(), command, rows, text)
@@ -249,9 +277,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
+def summary_md(
+    rows: Sequence[dict[str, Any]], command: str, schedule: str = "lpm", flush_mb: int = 0
+) -> str:
     header = ["round", "waiting", "policy", "plan p50 (ms CPU)", "plan p99", "plan mean",
-              "calc_priority p50 (ms wall)", "SGLang's lpm alone p50 (ms wall)"]  # fmt: skip
+              "calc_priority p50 (ms wall)",
+              f"SGLang's {schedule} alone p50 (ms wall)"]  # fmt: skip
     body = [
         [r["round"], r["waiting"], f"`{r['policy']}`", f"{r['plan_p50_ms']:.3f}",
          f"{r['plan_p99_ms']:.3f}",
@@ -259,6 +290,17 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
          f"{r['sglang_lpm_p50_ms']:.3f}"]
         for r in rows
     ]  # fmt: skip
+    if schedule == "lpm":
+        under = (
+            "(SGLang's lpm ordering included); SGLang's lpm alone: the same call without "
+            "TOPAS. Beyond 128 waiting requests SGLang's lpm turns into FCFS and matches no "
+            "prefix (`WAITING_QUEUE_PREFIX_MATCH_MAX`, "
+            "sglang/srt/managers/schedule_policy.py:137), hence its near-zero cost at 400."
+        )
+    else:
+        under = f"(SGLang's {schedule} ordering included); SGLang's {schedule} alone: the "
+        under += "same call without TOPAS."
+    flush = f" {flush_mb} MB written before each round (cold CPU caches)." if flush_mb else ""
     return "\n".join([
         "# The plugin's cost per planned round (SGLang 0.5.23 objects, CPU)",
         "",
@@ -269,12 +311,9 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
         "request joins the queue and nothing tagged changes; `churn`, besides, a running "
         "request finishes (SGLang's finish signal), the head of the queue joins the batch, "
         "a new task's request joins the queue and every running request decodes a token. "
-        "`plan`: the "
+        f"SGLang's schedule policy: `{schedule}`.{flush} `plan`: the "
         "controller's CPU time per round; `calc_priority`: the whole hooked call "
-        "(SGLang's lpm ordering included); SGLang's lpm alone: the same call without TOPAS. "
-        "Beyond 128 waiting requests SGLang's lpm turns into FCFS and matches no prefix "
-        "(`WAITING_QUEUE_PREFIX_MATCH_MAX`, sglang/srt/managers/schedule_policy.py:137), "
-        "hence its near-zero cost at 400.",
+        f"{under}",
         "",
         md_table(header, body),
         "",

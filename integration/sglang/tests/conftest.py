@@ -62,3 +62,17 @@ def cache_prompt(cache, tokens) -> None:  # type: ignore[no-untyped-def]
 
 def cached_len(cache, tokens) -> int:  # type: ignore[no-untyped-def]
     return cache.tree_core.match_full_device_prefix(RadixKey(array("q", tokens)))[0]
+
+
+def script(name: str):  # type: ignore[no-untyped-def]
+    """``integration/sglang/<name>.py`` (a bench script, not a package module) as a module."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

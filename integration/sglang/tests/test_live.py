@@ -7,7 +7,6 @@ runs ``live_bench.py --quick``: two real servers (TOPAS and SGLang's defaults) s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import script
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from topas.profiles import get_profile
@@ -95,13 +95,7 @@ def test_server_command_runs_every_policy_on_the_python_tree_core():
 
 def _bench():  # type: ignore[no-untyped-def]
     """integration/sglang/live_bench.py as a module."""
-    spec = importlib.util.spec_from_file_location(
-        "live_bench", ROOT / "integration" / "sglang" / "live_bench.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["live_bench"] = bench
-    spec.loader.exec_module(bench)
-    return bench
+    return script("live_bench")
 
 
 def test_the_plugins_servers_start_from_the_schedule_policy_asked_for(tmp_path):
