@@ -225,7 +225,8 @@ def test_longest_path_defers_the_stages_not_started():
 def test_invariants_in_both_timing_modes(inst):
     # debug=True re-checks every invariant after every event: KV within capacity, every
     # running stage's prefix resident, deps before starts, each stage once
-    for timing, spec in itertools.product(("step", "calibrated"), ("topas", "topas:soon=1")):
+    specs = ("topas", "topas:soon=1", "topas:jit=1", "topas:age_form=excess")
+    for timing, spec in itertools.product(("step", "calibrated"), specs):
         sched = simulate(inst, make_policy(spec), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
         if timing == "step":
@@ -378,6 +379,33 @@ def test_a_starving_stage_is_not_left_behind_in_a_memory_bound_stream():
 # --------------------------------------------------------------------------- each term
 
 
+def test_jit_loads_a_next_hops_prompt_when_its_load_is_due_not_at_once():
+    # Step model, chunk 10: s0 (agent A, in 10, out 5) runs 1 + 5 = 6 steps; its child s1
+    # (agent B, in 10, out 2) 1 + 2 = 3. A's load takes ceil(20 / 10) = 2 steps, B's 3.
+    # At step 0 both prompts are absent: s0 is admitted, so A loads (resident at 2; the
+    # admission starts it, DESIGN rule 9), s0 runs
+    # 2..8. Without jit, admitting s0 makes s1 a next hop and B is loaded at once, at 0.
+    # With jit, B's load is due at s0's predicted end less its load: at step 0 that is
+    # 6 - 3 = 3 steps away (s0 counted from now: the wait for A's load is not), so the
+    # decision loads nothing for B and asks to be woken at 3; then s0 (started at 2) has 5
+    # steps left, the load is due in 2, wake at 5; at 5 B loads, resident at 8, when s1
+    # becomes ready. Both: JCT 2 + 6 + 3 = 11 steps.
+    tasks = [task("t", 0, stage("s0", "A", 10, 5), stage("s1", "B", 10, 2, deps=["s0"]))]
+    inst = make({"A": 20, "B": 30}, tasks, capacity=100)
+    loads = {}
+    for spec in ("topas", "topas:jit=1"):
+        sched = simulate(inst, make_policy(spec), timing="step", debug=True)
+        verify_step(sched)
+        assert evaluate(sched).jct == {"t": 11.0}
+        loads[spec] = {p.agent: p.load_start for p in sched.prefixes}
+    assert loads["topas"] == {"A": 0.0, "B": 0.0}
+    assert loads["topas:jit=1"] == {"A": 0.0, "B": 5.0}
+    state = released(inst)
+    first = ready("topas:jit=1", inst).decide(state)
+    assert first.admit == (("t", "s0"),) and first.wake_at == 3.0  # A loads for s0 (rule 9)
+    assert "B" not in first.load
+
+
 def test_soon_credits_a_stage_that_fits_once_a_running_stage_ends():
     # Capacity 9,100 over a 10 token/s link (c(a) = 400 s); A and B resident; t/r (A,
     # 200 KV, 110 steps) runs and its child x needs B: n_B = 1. u/s (A, 1,000 KV) waits
@@ -489,6 +517,26 @@ def test_linear_aging_grows_with_the_age_itself():
         assert log._weight(state, "t") == pytest.approx(1 + 2 * math.log1p(age / 10))
     with pytest.raises(ValueError, match="age_form: unknown form 'cubic'"):
         ready("topas:age_form=cubic", inst)
+
+
+def test_excess_aging_counts_only_the_age_beyond_the_mean_age():
+    # age_form=excess: g = 1 + rho * max(0, age - mean age of the tasks in view) / H_age.
+    # Tasks released at 0 and 10; rho = 2, H_age = 10. At t = 20 the ages are 20 and 10,
+    # their mean 15: the old task gets 1 + 2 * 5 / 10 = 2, the young one 1 (the linear
+    # form: 1 + 2 * 20 / 10 = 5 and 3). At t = 40 (ages 40 and 30, mean 35): 2 and 1 again,
+    # since only the gap between them counts.
+    tasks = [task("old", 0, stage("s", "A", 5, 5)), task("new", 10, stage("s", "A", 5, 5))]
+    inst = make({"A": 10}, tasks, capacity=100)
+    state = released(inst)
+    excess = ready("topas:aging=2,age_scale=10,age_form=excess", inst)
+    linear = ready("topas:aging=2,age_scale=10", inst)
+    for t, want in ((20.0, (2.0, 1.0)), (40.0, (2.0, 1.0))):
+        state.time = t
+        excess._sync(state)
+        assert (excess._weight(state, "old"), excess._weight(state, "new")) == pytest.approx(want)
+    state.time = 20.0
+    assert (linear._weight(state, "old"), linear._weight(state, "new")) == pytest.approx((5, 3))
+    assert ready("topas:aging=0,age_form=excess", inst)._weight(state, "old") == 1.0
 
 
 def test_additive_linear_aging_lets_an_old_long_task_pass_a_fresh_short_one():

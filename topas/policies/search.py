@@ -24,7 +24,9 @@ pack order adds ``g - 1`` to Smith's ratio ``Delta / L_i`` instead of multiplyin
 mean length, is left. The paper's form is ``age_form=log,additive=0,aging=3``, the
 default until 2026-12-01; on the tuning seeds the new one cut p99 JCT against the best
 baseline by about 5 to 6 points on average for at most 1 point of mean (docs/topas.md,
-"Parameters and defaults").
+"Parameters and defaults"). ``age_form=excess`` ages a task only by its wait beyond the
+mean age of the tasks in view, ``1 + rho * max(0, age - mean age) / H_age``: the younger
+tasks are packed by Smith's ratio alone (an option, not the default; measured there).
 
 The ``visit`` weight (an addition to the paper's score) favours a stage whose agent has
 stages running now: admitting it continues that agent's visit, in a prompt that stays
@@ -70,7 +72,10 @@ addition to the paper's description.
 With ``soon=1`` (off by default: it helps the step model's gap and costs the calibrated
 workloads, docs/topas.md) a pack also credits, at ``max(0, 1 - T / D)``, a stage that fits
 only once running stages (each at its predicted end ``T``) and draining prompts return
-their KV within ``D``.
+their KV within ``D``. With ``jit=1`` (off by default: within a point on the calibrated
+workloads, mixed on the gap) an absent prompt gets no load credit while its next-hop
+stages are due later than its load takes, and the decision asks to be consulted
+(``wake_at``) when the load is due.
 
 Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
 fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
@@ -106,8 +111,9 @@ from topas.policies.search_view import QueueView, Ranking
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
-AGE_FORMS = ("log", "linear")
-"""``g_i(t)``: the paper's ``1 + rho log(1 + age / H_age)``, or ``1 + rho age / H_age``."""
+AGE_FORMS = ("log", "linear", "excess")
+"""``g_i(t)``: the paper's ``1 + rho log(1 + age / H_age)``, ``1 + rho age / H_age``, or
+``1 + rho max(0, age - the mean age of the tasks in view) / H_age``."""
 
 SCENARIOS = 8
 """Scenarios of the stage services behind ``E[LP]`` (analysis/lp_error.py measures the
@@ -152,6 +158,7 @@ FIRST_READ = 2
 """Stages of one agent's pack order turned into Python objects at its first read; each
 later read doubles what the queue holds (a pack rarely reads far into any one queue)."""
 
+JIT_SLACK = 1e-6  # jit: a load due within this many mean services is due now
 MAX_MISFITS = 16
 """Waiting stages a pack skips because they do not fit, before it stops."""
 
@@ -453,6 +460,8 @@ class _Round:
     credit: list[float] = field(default_factory=list)  # task slot -> g_i(t) * Delta
     skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
     analyses: dict[str, _Analysis] = field(default_factory=dict)
+    left: dict[StageRef, float] = field(default_factory=dict)  # running -> seconds left
+    wakes: list[float] = field(default_factory=list)  # jit: when deferred loads are due
 
     def set_heads(self, heads: list[tuple[int, str]]) -> None:
         """Each agent's best waiting stage's rank, best first (and by agent)."""
@@ -495,8 +504,10 @@ class TOPAS(Policy):
     reserve: float = 2.0  # a task this many mean ages old (and >= H_age) blocks the others
     retract: bool = False  # a dropped prefix's running stages may be retracted, not drained
     visit: float = 1.0  # J_admit counts a stage whose agent runs stages now 1 + visit times
-    age_form: str = "linear"  # g_i(t): linear (1 + rho age / H_age) | log (the paper's)
+    age_form: str = "linear"  # g_i(t): linear (1 + rho age / H_age) | log (the paper's) |
+    # excess (linear in the age beyond the mean age of the tasks in view)
     soon: bool = False  # credit a stage that fits once running stages and drains end
+    jit: bool = False  # load a prompt for next hops only when its load is due; wake then
     name = "topas"
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -562,17 +573,20 @@ class TOPAS(Policy):
         path of the tasks seen, so aging works on the workload's own time scale."""
         return self.age_scale or AGE_FRACTION * max(self._mean_path, 1e-9)
 
-    def _age_weights(self, ages: np.ndarray) -> np.ndarray:
+    def _age_weights(self, ages: np.ndarray, now: float) -> np.ndarray:
         """g_i(t) = 1 + rho * age / H_age (``age_form=log``: 1 + rho * log(1 + age /
-        H_age)), for an array of task ages."""
+        H_age); ``excess``: only the age beyond the mean age of the tasks in view counts),
+        for an array of task ages at time ``now``."""
         if not self.aging:
             return np.ones_like(ages)
+        if self.age_form == "excess" and self._view is not None and self._view.tasks.of:
+            ages = ages - (now - self._view.mean_release())
         scaled = np.maximum(ages, 0.0) / self._h_age
-        return 1.0 + self.aging * (scaled if self.age_form == "linear" else np.log1p(scaled))
+        return 1.0 + self.aging * (np.log1p(scaled) if self.age_form == "log" else scaled)
 
     def _weight(self, state: State, tid: str) -> float:
         """g_i(t) of one task (the same formula as a decision's)."""
-        return float(self._age_weights(np.array([state.age(tid)]))[0])
+        return float(self._age_weights(np.array([state.age(tid)]), state.time)[0])
 
     def _sync(self, state: State) -> QueueView:
         """Bring the queue view and the per-task analyses in step with ``state``.
@@ -691,7 +705,7 @@ class TOPAS(Policy):
 
     def _values(self, view: QueueView, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per task slot: ``g_i(t)`` and the pack order's value (best first)."""
-        w = self._age_weights(now - view.release)
+        w = self._age_weights(now - view.release, now)
         if self.smith and self.additive:  # the wait on its own: at g = 2 a task ranks with
             value = view.share / view.length + (w - 1.0)  # one that a mean stage finishes
         elif self.smith:
@@ -737,8 +751,38 @@ class TOPAS(Policy):
             rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
             if self.soon and left < self._mean_svc:
                 rnd.returns.append((left, run.reserved))
+            rnd.left[ref] = left
         rnd.returns.sort()
+        if self.jit:
+            self._defer_loads(state, rnd)
         return rnd
+
+    def _defer_loads(self, state: State, rnd: _Round) -> None:
+        """``jit``: an absent prompt whose next-hop stages are due later than it takes to
+        load it gets no load credit now (``n_a = 0`` for loading it): its load is due at
+        ``T - c(a)`` (``T``: when the next hop's last running predecessor ends), and the
+        decision asks to be consulted again then (``wake_at``)."""
+        due: dict[str, float] = {}
+        for tid, sid in sorted(rnd.left):
+            info = state.tasks[tid]
+            for c in info.stages[sid].children:
+                a = info.stages[c].agent
+                if rnd.status[a] is not PrefixStatus.ABSENT:
+                    continue
+                ready = 0.0
+                for d in info.stages[c].deps:
+                    phase = state.phase[(tid, d)]
+                    if phase is Phase.RUNNING or phase is Phase.ADMITTED:
+                        ready = max(ready, rnd.left[(tid, d)])
+                    elif phase is not Phase.DONE:
+                        break
+                else:
+                    due[a] = min(due.get(a, math.inf), ready)
+        for a, t in sorted(due.items()):
+            lead = t - rnd.cost[a]
+            if lead > JIT_SLACK * self._mean_svc:
+                rnd.next_hop[a] = 0
+                rnd.wakes.append(state.time + lead)
 
     def _more(self, rnd: _Round, agent: str, position: int) -> bool:
         """Whether ``agent``'s queue has a stage at ``position``, reading more of its pack
@@ -862,7 +906,7 @@ class TOPAS(Policy):
                 free -= need
                 admitted.append(ref)
                 for b in rnd.analyses[ref[0]].opens.get(ref[1], ()):  # n_b grows post-decision
-                    if b in keep:
+                    if b in keep and not (self.jit and self._early(state, rnd, ref, b)):
                         v_reuse += rnd.cost[b]
                 if rnd.status[a] is PrefixStatus.ABSENT:
                     moved.setdefault(a, set()).add(ref[0])
@@ -874,6 +918,13 @@ class TOPAS(Policy):
             j_move += rnd.cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
         return _Pack(keep, admitted, credit, score, len(keep ^ rnd.current), tuple(retract))
+
+    def _early(self, state: State, rnd: _Round, ref: StageRef, agent: str) -> bool:
+        """``jit``: loading absent ``agent`` now, for the next hop that admitting ``ref``
+        opens, would be early: ``ref``'s service outlasts the load."""
+        if agent in rnd.current:
+            return False
+        return self._service(state, ref) - rnd.cost[agent] > JIT_SLACK * self._mean_svc
 
     def _later(self, drain_s: float) -> float:
         """The credit of a stage that fits only once the drain ends, ``drain_s`` from now."""
@@ -1041,7 +1092,37 @@ class TOPAS(Policy):
         starving = self._starving(state)
         if starving is not None and starving not in best.admitted:
             return self._reserve_for(state, rnd, starving)
-        return self._commit(state, rnd, best, state.plan())
+        decision = self._commit(state, rnd, best, state.plan())
+        if self.jit:
+            decision = self._with_wake(state, rnd, best, decision)
+        return decision
+
+    def _with_wake(self, state: State, rnd: _Round, best: _Pack, decision: Decision) -> Decision:
+        """``jit``: the decision asks to be consulted when a deferred load is due: one for
+        the running stages' next hops (:meth:`_defer_loads`), or for a stage that the
+        admitted ones make ready (a join too: every unfinished predecessor admitted now or
+        running), at its predicted ready time less its prompt's load."""
+        wakes = list(rnd.wakes)
+        admitted = set(decision.admit)
+        for tid, sid in decision.admit:
+            info = state.tasks[tid]
+            for c in info.stages[sid].children:
+                a = info.stages[c].agent
+                if a in best.agents or rnd.status[a] is not PrefixStatus.ABSENT:
+                    continue
+                ready = 0.0
+                for d in info.stages[c].deps:
+                    ref = (tid, d)
+                    if ref in admitted:
+                        ready = max(ready, self._service(state, ref))
+                    elif ref in rnd.left:
+                        ready = max(ready, rnd.left[ref])
+                    elif state.phase[ref] is not Phase.DONE:
+                        break
+                else:
+                    wakes.append(state.time + ready - rnd.cost[a])
+        later = [t for t in wakes if t > state.time + 1e-9]
+        return dataclasses.replace(decision, wake_at=min(later)) if later else decision
 
     def _commit(
         self, state: State, rnd: _Round, best: _Pack, plan: Planner, pinned: str | None = None
