@@ -72,10 +72,10 @@ addition to the paper's description.
 With ``soon=1`` (off by default: it helps the step model's gap and costs the calibrated
 workloads, docs/topas.md) a pack also credits, at ``max(0, 1 - T / D)``, a stage that fits
 only once running stages (each at its predicted end ``T``) and draining prompts return
-their KV within ``D``. With ``jit=1`` (off by default: within a point on the calibrated
-workloads, mixed on the gap) an absent prompt gets no load credit while its next-hop
-stages are due later than its load takes, and the decision asks to be consulted
-(``wake_at``) when the load is due.
+their KV within ``D``. With ``jit=1`` (off by default: a little better on the step
+model's gap, within a point on the calibrated workloads; docs/topas.md) an absent prompt
+gets no load credit while its next-hop stages are due later than its load takes, and the
+decision asks to be consulted (``wake_at``) when the load is due.
 
 Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
 fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
