@@ -383,8 +383,8 @@ def test_jit_loads_a_next_hops_prompt_when_its_load_is_due_not_at_once():
     # Step model, chunk 10: s0 (agent A, in 10, out 5) runs 1 + 5 = 6 steps; its child s1
     # (agent B, in 10, out 2) 1 + 2 = 3. A's load takes ceil(20 / 10) = 2 steps, B's 3.
     # At step 0 both prompts are absent: s0 is admitted, so A loads (resident at 2; the
-    # admission starts it, DESIGN rule 9), s0 runs
-    # 2..8. Without jit, admitting s0 makes s1 a next hop and B is loaded at once, at 0.
+    # admission starts it, DESIGN rule 9), and s0 runs 2..8. Without jit, admitting s0
+    # makes s1 a next hop and B is loaded at once, at 0.
     # With jit, B's load is due at s0's predicted end less its load: at step 0 that is
     # 6 - 3 = 3 steps away (s0 counted from now: the wait for A's load is not), so the
     # decision loads nothing for B and asks to be woken at 3; then s0 (started at 2) has 5
