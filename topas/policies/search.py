@@ -99,7 +99,7 @@ import math
 import operator
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -763,7 +763,21 @@ class TOPAS(Policy):
         ``T - c(a)`` (``T``: when the next hop's last running predecessor ends), and the
         decision asks to be consulted again then (``wake_at``)."""
         due: dict[str, float] = {}
-        for tid, sid in sorted(rnd.left):
+        for a, ready in self._hops_ready(state, rnd, sorted(rnd.left), rnd.left):
+            due[a] = min(due.get(a, math.inf), ready)
+        for a, t in sorted(due.items()):
+            if self._early(rnd, t, a):
+                rnd.next_hop[a] = 0
+                rnd.wakes.append(state.time + t - rnd.cost[a])
+
+    @staticmethod
+    def _hops_ready(
+        state: State, rnd: _Round, sources: Iterable[StageRef], ends: dict[StageRef, float]
+    ) -> Iterator[tuple[str, float]]:
+        """``(agent, T)`` for each child of the stages ``sources`` whose agent's prompt is
+        absent and whose every predecessor is done or ends within ``ends`` (seconds from
+        now): ``T``, when the last of them ends."""
+        for tid, sid in sources:
             info = state.tasks[tid]
             for c in info.stages[sid].children:
                 a = info.stages[c].agent
@@ -771,18 +785,13 @@ class TOPAS(Policy):
                     continue
                 ready = 0.0
                 for d in info.stages[c].deps:
-                    phase = state.phase[(tid, d)]
-                    if phase is Phase.RUNNING or phase is Phase.ADMITTED:
-                        ready = max(ready, rnd.left[(tid, d)])
-                    elif phase is not Phase.DONE:
+                    ref = (tid, d)
+                    if ref in ends:
+                        ready = max(ready, ends[ref])
+                    elif state.phase[ref] is not Phase.DONE:
                         break
                 else:
-                    due[a] = min(due.get(a, math.inf), ready)
-        for a, t in sorted(due.items()):
-            lead = t - rnd.cost[a]
-            if lead > JIT_SLACK * self._mean_svc:
-                rnd.next_hop[a] = 0
-                rnd.wakes.append(state.time + lead)
+                    yield a, ready
 
     def _more(self, rnd: _Round, agent: str, position: int) -> bool:
         """Whether ``agent``'s queue has a stage at ``position``, reading more of its pack
@@ -906,7 +915,7 @@ class TOPAS(Policy):
                 free -= need
                 admitted.append(ref)
                 for b in rnd.analyses[ref[0]].opens.get(ref[1], ()):  # n_b grows post-decision
-                    if b in keep and not (self.jit and self._early(state, rnd, ref, b)):
+                    if b in keep and not (self.jit and self._early_open(state, rnd, ref, b)):
                         v_reuse += rnd.cost[b]
                 if rnd.status[a] is PrefixStatus.ABSENT:
                     moved.setdefault(a, set()).add(ref[0])
@@ -919,12 +928,15 @@ class TOPAS(Policy):
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
         return _Pack(keep, admitted, credit, score, len(keep ^ rnd.current), tuple(retract))
 
-    def _early(self, state: State, rnd: _Round, ref: StageRef, agent: str) -> bool:
+    def _early(self, rnd: _Round, due_s: float, agent: str) -> bool:
+        """``jit``: loading ``agent`` now for a next hop due in ``due_s`` would be early:
+        the load takes less than that."""
+        return due_s - rnd.cost[agent] > JIT_SLACK * self._mean_svc
+
+    def _early_open(self, state: State, rnd: _Round, ref: StageRef, agent: str) -> bool:
         """``jit``: loading absent ``agent`` now, for the next hop that admitting ``ref``
         opens, would be early: ``ref``'s service outlasts the load."""
-        if agent in rnd.current:
-            return False
-        return self._service(state, ref) - rnd.cost[agent] > JIT_SLACK * self._mean_svc
+        return agent not in rnd.current and self._early(rnd, self._service(state, ref), agent)
 
     def _later(self, drain_s: float) -> float:
         """The credit of a stage that fits only once the drain ends, ``drain_s`` from now."""
@@ -1103,24 +1115,10 @@ class TOPAS(Policy):
         admitted ones make ready (a join too: every unfinished predecessor admitted now or
         running), at its predicted ready time less its prompt's load."""
         wakes = list(rnd.wakes)
-        admitted = set(decision.admit)
-        for tid, sid in decision.admit:
-            info = state.tasks[tid]
-            for c in info.stages[sid].children:
-                a = info.stages[c].agent
-                if a in best.agents or rnd.status[a] is not PrefixStatus.ABSENT:
-                    continue
-                ready = 0.0
-                for d in info.stages[c].deps:
-                    ref = (tid, d)
-                    if ref in admitted:
-                        ready = max(ready, self._service(state, ref))
-                    elif ref in rnd.left:
-                        ready = max(ready, rnd.left[ref])
-                    elif state.phase[ref] is not Phase.DONE:
-                        break
-                else:
-                    wakes.append(state.time + ready - rnd.cost[a])
+        ends = {**rnd.left, **{ref: self._service(state, ref) for ref in decision.admit}}
+        for a, ready in self._hops_ready(state, rnd, decision.admit, ends):
+            if a not in best.agents:
+                wakes.append(state.time + ready - rnd.cost[a])
         later = [t for t in wakes if t > state.time + 1e-9]
         return dataclasses.replace(decision, wake_at=min(later)) if later else decision
 

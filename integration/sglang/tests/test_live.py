@@ -24,8 +24,6 @@ from topas_sglang.fake_model import MODEL_DIR
 from topas_sglang.fake_model.causal_lm import TopasFakeForCausalLM, batch_cost
 from topas_sglang.fake_server import FakeServer
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def _batch(mode, rows, seq_lens, extend=None):  # type: ignore[no-untyped-def]
     """The ForwardBatch fields the fake model reads."""
