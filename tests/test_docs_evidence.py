@@ -187,3 +187,67 @@ def test_gap_tuning_table_matches_its_summaries(topas_md: str) -> None:
             ours[0][row[0]][4],
         ]
         assert [numbers(c) for c in row[1:]] == [numbers(c) for c in want], row[0]
+
+
+def _worse_cells(summary: str) -> int:
+    """Cells of the per-load tables of a ``compare_policies.py`` summary that say TOPAS is
+    worse beyond the CI."""
+    rows = [line for line in summary.splitlines() if re.match(r"\| \d", line)]
+    return sum(line.count("**worse**") for line in rows)
+
+
+def _mean_of_headlines(summary: str) -> tuple[float, float]:
+    """The mean over workloads of the headlines' mean and p99 changes averaged over loads."""
+    found = re.findall(
+        r"mean JCT ([+-]\d+\.\d)% averaged over loads.*?p99 JCT ([+-]\d+\.\d)% averaged", summary
+    )
+    assert found
+    return tuple(round(sum(float(f[i]) for f in found) / len(found), 1) for i in (0, 1))
+
+
+def test_replication_table_matches_its_summaries(topas_md: str) -> None:
+    docs = {r[0]: r[1:] for r in table(section(topas_md, "### Replication"), "| study |")}
+    results = DOCS / "results"
+    paper = {
+        name: (results / name / "summary.md").read_text()
+        for name in ("paper", "replication/paper_seeds30")
+    }
+    for col, text in enumerate(paper.values()):
+        got = numbers(docs["paper's setting, wins / ties / losses over 50 points"][col])
+        assert got == [float(x) for x in _tally(text)], col
+        ours = {r[0]: r for r in table(text, "| workload | paper mean JCT cut %")}
+        for name, label in (
+            ("chain-3", "Chain-3"),
+            ("dag-4", "DAG-4"),
+            ("dag-10-wide", "DAG-10-Wide"),
+            ("metagpt-tl-paper", "MetaGPT-TL-paper"),
+        ):
+            want = [numbers(ours[name][2])[0], numbers(ours[name][5])[0]]
+            assert numbers(docs[f"{label}, peak mean / p99 cut"][col]) == want, (name, col)
+        sop = ours["metagpt-sop-paper"]
+        want = [numbers(sop[3])[0], numbers(sop[6])[0]]
+        assert numbers(docs["MetaGPT-SOP-paper, mean / p99 cut over loads"][col]) == want
+
+    reported = (results / "compare" / "summary.md").read_text()
+    fresh = (results / "replication" / "compare_seeds40" / "summary.md").read_text()
+    specs = {r[0].strip("`"): r for r in table(fresh, "| TOPAS spec |")}
+    averaged = "today's five, `topas` mean / p99 change, averaged over 20 points"
+    assert numbers(docs[averaged][0]) == list(_mean_of_headlines(reported))
+    assert numbers(docs[averaged][1]) == [float(specs["topas"][1]), float(specs["topas"][3])]
+    worse = docs["today's five, `topas` worse beyond the CI (mean + p99, of 40)"]
+    assert numbers(worse[0]) == [_worse_cells(reported)]
+    assert numbers(worse[1]) == [_worse_cells(fresh)]
+    spec_worse = sum(numbers(specs["topas"][i])[0] for i in (2, 4))
+    assert spec_worse == _worse_cells(fresh)
+    greedy = docs["today's five, `topas-greedy` mean / p99 change, averaged"][1]
+    assert numbers(greedy) == [float(specs["topas-greedy"][1]), float(specs["topas-greedy"][3])]
+
+    for col, name in enumerate(("gap", "replication/gap_seed2")):
+        text = (results / name / "summary.md").read_text()
+        row = {r[0]: r for r in table(text, "| policy | n | mean gap %")}["`topas`"]
+        assert numbers(docs["gap, `topas` mean / p90 / max %"][col]) == [
+            float(row[2]),
+            float(row[3]),
+            float(row[4]),
+        ]
+        assert docs["gap, `topas` at the optimum"][col] == row[8]
