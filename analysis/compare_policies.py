@@ -231,6 +231,8 @@ def summarize(
         comps = {w: comparisons(rows, cfg, w) for w in cfg["workloads"]}
         lines += [headline(w, comps[w]) for w in cfg["workloads"]]
         lines += ["", "Every TOPAS spec, over every point:", "", overall_table(rows, cfg)]
+        lines += ["", "## One baseline better on both metrics", ""]
+        lines += ex.dominance_section(rows, cfg, METRICS)
         for w in cfg["workloads"]:
             lines += ["", f"## {w}", "", workload_table(comps[w])]
     else:

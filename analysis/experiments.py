@@ -37,7 +37,7 @@ from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
-from topas.studies import StudyParams, run_jobs, study_files, write_outputs
+from topas.studies import StudyParams, md_table, run_jobs, study_files, write_outputs
 from topas.studies import config_json as study_config_json
 from topas.studies.gap import TUNING_SEED_MIN
 from topas.workloads import WORKLOADS, generate
@@ -245,6 +245,57 @@ def worse_beyond_ci(change: float, half: float) -> bool:
     """True when the change is positive, its 95% CI excludes 0 (needs >= 2 seeds) and it is
     at least :data:`NEGLIGIBLE_PCT`."""
     return not math.isnan(half) and change - half > 0 and change >= NEGLIGIBLE_PCT
+
+
+def dominating(
+    rows: Sequence[Mapping[str, Any]],
+    proposed: str,
+    baselines: Sequence[str],
+    metrics: Sequence[str],
+) -> list[tuple[str, list[tuple[float, float]]]]:
+    """The baselines that beat ``proposed`` on every one of ``metrics`` at once, each beyond
+    the CI, among the rows of one point; each with ``proposed``'s paired change against it
+    per metric (:func:`paired_change`, positive: ``proposed`` is worse). The best baseline
+    is chosen per metric, so ``proposed`` can lose on both metrics to two different ones
+    while no single baseline is better on both."""
+    out = []
+    for b in baselines:
+        if not select(rows, policy=b):
+            continue
+        changes = [paired_change(rows, {"policy": proposed}, {"policy": b}, m) for m in metrics]
+        if all(worse_beyond_ci(c, h) for c, h in changes):
+            out.append((b, changes))
+    return out
+
+
+def dominance_section(
+    rows: Sequence[Mapping[str, Any]],
+    cfg: Mapping[str, Any],
+    metrics: Sequence[tuple[str, str]],
+) -> list[str]:
+    """A summary section's lines: at how many (workload, load) points of ``cfg`` a single
+    baseline beats ``cfg["proposed"]`` on every one of ``metrics`` ((key, label) pairs) at
+    once (:func:`dominating`), and a table of them with TOPAS's change against it in %."""
+    keys, labels = [m for m, _ in metrics], [label for _, label in metrics]
+    found = {
+        (w, load): dominating(
+            select(rows, workload=w, load=load), cfg["proposed"], cfg["baselines"], keys
+        )
+        for w in cfg["workloads"]
+        for load in cfg["loads"]
+    }
+    hits = [(w, load, b, cs) for (w, load), bs in found.items() for b, cs in bs]
+    points = sum(1 for bs in found.values() if bs)
+    names = " and ".join(labels)
+    lines = [
+        f"`{cfg['proposed']}` is worse than one single baseline on {names} at once, beyond "
+        f"the CI on each, at {points} of {len(found)} points."
+    ]
+    if hits:
+        header = ["workload", "load", "baseline", *(f"{label} change %" for label in labels)]
+        body = [[w, f"{load:g}", b, *(fmt_change(c, h) for c, h in cs)] for w, load, b, cs in hits]
+        lines += ["", md_table(header, body)]
+    return lines
 
 
 def significant(change: float, half: float) -> bool:

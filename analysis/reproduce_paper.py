@@ -387,6 +387,10 @@ def summarize(
         side_by_side(cuts),
         "",
         tally(cuts),
+        "",
+        "## One baseline better on both metrics",
+        "",
+        *ex.dominance_section([r for r in rows if is_default_point(r)], cfg, METRICS),
     ]
     for w, by_load in cuts.items():
         lines += ["", f"## {w}", "", workload_table(by_load)]

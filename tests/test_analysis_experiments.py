@@ -104,6 +104,37 @@ def test_best_baseline_per_metric() -> None:
     assert change == pytest.approx((1 / 9 - 1 + 1 / 13 - 1) / 2 * 100)
 
 
+def test_dominating_needs_one_baseline_better_on_every_metric() -> None:
+    # topas: mean 20, 22; p99 100, 104 on seeds 0, 1.
+    # spf: mean 10, 11 (topas +100% on both seeds: CI half-width 0) but p99 200, 208
+    #   (topas -50%): better on the mean only.
+    # parrot: mean 40, 44 (topas -50%) and p99 50, 52 (topas +100%): better on p99 only.
+    # lpm: mean 19, 21 and p99 99, 103: topas +5.26% / +4.76% on the mean (CI about
+    #   +-3.2, beyond it) and +1.01% / +0.97% on p99 (CI about +-0.25): better on both.
+    # fcfs: mean 10, 30 (topas +100%, -26.7%: the CI includes 0) and p99 50, 52:
+    #   better on p99 beyond the CI, not on the mean.
+    rows = [
+        _row("topas", 0, 20.0, 100.0), _row("topas", 1, 22.0, 104.0),
+        _row("spf", 0, 10.0, 200.0), _row("spf", 1, 11.0, 208.0),
+        _row("parrot-fcfs", 0, 40.0, 50.0), _row("parrot-fcfs", 1, 44.0, 52.0),
+        _row("lpm", 0, 19.0, 99.0), _row("lpm", 1, 21.0, 103.0),
+        _row("fcfs", 0, 10.0, 50.0), _row("fcfs", 1, 30.0, 52.0),
+    ]  # fmt: skip
+    baselines = ["spf", "parrot-fcfs", "lpm", "fcfs", "atlas"]  # atlas: no rows
+    found = ex.dominating(rows, "topas", baselines, ["mean_jct", "p99_jct"])
+    assert [b for b, _ in found] == ["lpm"]
+    (mean, _), (p99, _) = found[0][1]
+    assert mean == pytest.approx((20 / 19 + 22 / 21 - 2) / 2 * 100)
+    assert p99 == pytest.approx((100 / 99 + 104 / 103 - 2) / 2 * 100)
+    cfg = {"workloads": ["chain"], "loads": [1.0], "proposed": "topas", "baselines": baselines}
+    metrics = (("mean_jct", "mean JCT"), ("p99_jct", "p99 JCT"))
+    lines = ex.dominance_section(rows, cfg, metrics)
+    assert lines[0].startswith("`topas` is worse than one single baseline") and "1 of 1" in lines[0]
+    assert "| chain | 1 | lpm | +5.0 ± " in lines[-1]
+    alone = [r for r in rows if r["policy"] != "lpm"]
+    assert ex.dominance_section(alone, cfg, metrics)[0].endswith("at 0 of 1 points.")
+
+
 def test_worse_beyond_ci() -> None:
     assert ex.worse_beyond_ci(5.0, 2.0)
     assert not ex.worse_beyond_ci(5.0, 6.0)

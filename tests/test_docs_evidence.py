@@ -251,3 +251,27 @@ def test_replication_table_matches_its_summaries(topas_md: str) -> None:
             float(row[4]),
         ]
         assert docs["gap, `topas` at the optimum"][col] == row[8]
+
+
+def test_load12_table_matches_its_summary(topas_md: str) -> None:
+    docs = table(topas_md, "| workload | `spf` | `parrot-fcfs` | `topas` |")
+    summary = (DOCS / "results" / "tuning_today_load12" / "summary.md").read_text()
+    header = next(line for line in summary.splitlines() if line.startswith("| workload | load |"))
+    policies = [c.strip() for c in header.strip("|").split("|")][2:]
+    by_metric = [
+        {r[0]: r for r in table(section(summary, heading), "| workload | load |")}
+        for heading in ("## mean JCT per policy", "## p99 JCT per policy")
+    ]
+    names = [
+        "spf",
+        "parrot-fcfs",
+        "topas",
+        "topas:aging=0,reserve=0",
+        "topas:aging=0,reserve=0,search=all",
+        "topas-greedy:aging=0,reserve=0",
+    ]
+    assert {r[0] for r in docs} == set(by_metric[0])
+    for row in docs:
+        for cell, name in zip(row[1:], names, strict=True):
+            col = 2 + policies.index(name)
+            assert numbers(cell) == [float(m[row[0]][col]) for m in by_metric], (row[0], name)
