@@ -5,11 +5,14 @@ Each workload is replayed through SGLang's real ``SchedulePolicy`` (lpm), the sc
 order, with the calibrated timing model in place of the GPU
 (``integration/sglang/topas_sglang/cpu_loop.py``). It is replayed twice: with SGLang as it
 ships (``lru`` eviction: every plugin hook passes SGLang's result through), then with
-``--radix-eviction-policy topas``. Needs SGLang: run it in ``.venv-sglang``.
+``--radix-eviction-policy topas`` (the plugin's default policy), and with ``--offload`` a
+third time with the plugin planning in a planner process (``{"offload": true}``; the
+replay gives the planner each iteration's time, so every plan is applied one round late).
+Needs SGLang: run it in ``.venv-sglang``.
 
     .venv-sglang/bin/python analysis/sglang_in_the_loop.py [--workloads ...]
         [--tasks 20] [--load 1.2] [--kv-scale 1] [--seeds 5] [--token-scale 1]
-        [--out results/sglang_in_the_loop]
+        [--offload] [--out results/sglang_in_the_loop]
 
 Writes summary.md (paired changes of TOPAS against plain SGLang, 95% CI over seeds) and
 runs.csv, and prints the summary (about 2 minutes with the defaults on 2 cores, after
@@ -33,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
 MODES = ("lru", "topas")  # plain SGLang, then the plugin
+OFFLOAD = "topas-offload"  # the plugin planning in a planner process (--offload)
 METRICS = ("mean_jct", "p99_jct", "hit_rate")
 
 
@@ -50,7 +54,7 @@ def run_one(
     inst = generate(workload, num_tasks=tasks, seed=seed, load=load, token_scale=token_scale)
     kv = int(inst.server.kv_capacity_tokens * kv_scale)
     start = time.perf_counter()
-    r = replay(inst, mode, kv_tokens=kv)
+    r = replay(inst, mode.removesuffix("-offload"), kv_tokens=kv, offload=mode == OFFLOAD)
     wall = time.perf_counter() - start
     stats = r.stats
     return {
@@ -85,7 +89,22 @@ def summary(rows: Sequence[dict], command: str) -> str:
         body.append(cells)
     header = ["workload", "mean JCT s (change)", "p99 JCT s (change)", "prompt hit rate",
               "reordered plans", "held", "ms per plan"]  # fmt: skip
+    if any(r["policy"] == OFFLOAD for r in rows):
+        header += ["planner process: mean JCT s (change)", "p99 JCT s (change)"]
+        for cells, w in zip(body, dict.fromkeys(r["workload"] for r in rows), strict=True):
+            cells += offload_cells(ex.select(rows, workload=w))
     return f"`{command}`\n\n" + md_table(header, body) + "\n"
+
+
+def offload_cells(point: Sequence[dict]) -> list[str]:
+    """Mean and p99 JCT with the planner process, paired against the plugin planning in
+    the scheduler."""
+    cells = []
+    for m in METRICS[:2]:
+        change, half = ex.paired_change(point, {"policy": OFFLOAD}, {"policy": "topas"}, m)
+        cells.append(f"{ex.fmt_s(ex.mean_of(ex.select(point, policy=OFFLOAD), m))} "
+                     f"({ex.fmt_change(change, half)}%)")  # fmt: skip
+    return cells
 
 
 def main(argv: Sequence[str]) -> int:
@@ -96,6 +115,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--kv-scale", default="1", help="KV budget / the workload's (default 1)")
     p.add_argument("--seeds", default="5")
     p.add_argument("--token-scale", default="1", help="divides every token count (default 1)")
+    p.add_argument(
+        "--offload",
+        action="store_true",
+        help="also replay with the plugin planning in a planner process",
+    )
     p.add_argument("--out", default="results/sglang_in_the_loop")
     a = p.parse_args(argv)
     workloads = ex.parse_workloads(a.workloads)
@@ -110,7 +134,8 @@ def main(argv: Sequence[str]) -> int:
     except ImportError as e:
         raise ex.CliError(f"needs sglang==0.5.23 (run it in .venv-sglang): {e}") from None
     load_plugin()
-    jobs = [(w, s, m) for w in workloads for s in seeds for m in MODES]
+    modes = (*MODES, OFFLOAD) if a.offload else MODES
+    jobs = [(w, s, m) for w in workloads for s in seeds for m in modes]
     rows = [
         run_one(w, tasks, load, kv_scale, s, m, token_scale)
         for w, s, m in tqdm(jobs, desc="replays")

@@ -41,7 +41,9 @@ Writes ``DIR/{summary.md, runs.csv, config.json}`` when ``--out`` is given.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import itertools
 import shlex
 import statistics
 import sys
@@ -65,10 +67,10 @@ SCHEDULES = ("lpm", "fcfs")
 
 
 def setup(  # type: ignore[no-untyped-def]
-    waiting: int, eviction: str, spare: int = 0, schedule: str = "lpm"
+    waiting: int, eviction: str, spare: int = 0, schedule: str = "lpm", kv_tokens: int = 400_000
 ) -> tuple[Any, Any, list, Any, list]:
-    """(cache, SGLang's schedule policy (``schedule``), waiting requests, running batch,
-    ``spare`` more requests of new tasks to arrive later)."""
+    """(cache of ``kv_tokens``, SGLang's schedule policy (``schedule``), waiting requests,
+    running batch, ``spare`` more requests of new tasks to arrive later)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -78,7 +80,7 @@ def setup(  # type: ignore[no-untyped-def]
 
     inst = generate("metagpt-sop", num_tasks=waiting + RUNNING + spare, seed=5, load=1.0)
     prompts = prefix_ids(inst)
-    cache = make_cache(eviction, 400_000, 512)
+    cache = make_cache(eviction, kv_tokens, 512)
     for ids in prompts.values():
         insert_prompt(cache, ids)
     reqs = [payload_req(stage_payload(inst, t, t.topo_order[0], prompts)) for t in inst.tasks]
@@ -105,10 +107,14 @@ def measure(
     kind: str = "queue",
     schedule: str = "lpm",
     flush_mb: int = 0,
+    offload: bool = False,
+    gap_ms: float = 0.0,
 ) -> dict[str, float]:
     """Per-round figures (ms) for one queue length and policy (None: SGLang alone), with
     the changes between rounds that ``kind`` names (:data:`ROUNDS`), under SGLang's
-    ``schedule`` policy, each round after writing ``flush_mb`` MB (cold CPU caches)."""
+    ``schedule`` policy, each round after writing ``flush_mb`` MB (cold CPU caches), with
+    the plans made in a planner process (``offload``), ``gap_ms`` ms of sleep after each
+    round (as a forward pass takes; the planner works meanwhile)."""
     from topas_sglang.cpu_loop import payload_req
     from topas_sglang.retention import controller_of
 
@@ -121,9 +127,17 @@ def measure(
         req.time_stats.wait_queue_entry_time = 1.0 + RUNNING + waiting + i
     controller = controller_of(cache)
     plan_cpu: list[float] = []
+    if controller is not None and offload:
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        from topas_sglang.offload import Offloaded
+
+        strategy = cache.tree_core.eviction_strategy
+        controller = strategy.adopt(Offloaded(policy_spec=spec, key_factory=RadixKey))
     if controller is not None:
         controller.policy_spec, controller.budget_ms = spec, budget_ms
         plan_cpu = _timed(controller)
+    base = None
     gc.collect()  # the garbage of earlier configurations is not collected in this one's
     walls = []  # rounds (a full collection of SGLang's heap takes about half a second)
     for i in range(rounds + 20):  # the first 20 rounds warm up (policy tables, caches)
@@ -136,9 +150,12 @@ def measure(
         t = time.perf_counter()
         policy.calc_priority(q, running)
         walls.append(time.perf_counter() - t)
+        if gap_ms:
+            time.sleep(gap_ms / 1e3)
         if i == 19:
             walls.clear()
             plan_cpu.clear()
+            base = None if controller is None else dataclasses.replace(controller.stats)
     out = {"calc_priority_p50_ms": 1e3 * statistics.median(walls)}
     if plan_cpu:
         out.update(
@@ -146,6 +163,15 @@ def measure(
             plan_p99_ms=1e3 * _quantile(plan_cpu, 0.99),
             plan_mean_ms=1e3 * statistics.mean(plan_cpu),
         )
+    if offload and controller is not None and base is not None:
+        st = controller.stats
+        plans = st.plans - base.plans
+        out.update(
+            planner_ms=1e3 * (st.planner_s - base.planner_s) / max(1, plans),
+            lag=(st.lag - base.lag) / max(1, plans),
+            sent=(st.rounds - base.rounds) / rounds,
+        )
+        controller.close()
     return out
 
 
@@ -164,25 +190,29 @@ REPLAY_SEED = 1000
 REPLAY_KV = 0.5
 
 
-def replay_cost(tasks: int, load: float) -> dict[str, float]:
-    """The plugin's cost per call and per planned round over one CPU-loop replay."""
+def replay_cost(tasks: int, load: float, offload: bool = False) -> dict[str, float]:
+    """The plugin's cost per call and per planned round over one CPU-loop replay (with the
+    plans made in a planner process: ``offload``)."""
     from topas.workloads import generate
-    from topas_sglang import controller as controller_mod
+    from topas_sglang.controller import Controller
     from topas_sglang.cpu_loop import replay
+    from topas_sglang.offload import Offloaded
 
     inst = generate("metagpt-sop", num_tasks=tasks, seed=REPLAY_SEED, load=load)
     seen: list[int] = []
-    plan = controller_mod.Controller.plan_round
+    cls = Offloaded if offload else Controller  # the class whose plan_round SGLang's hook calls
+    plan = cls.plan_round
 
     def counted(self, cache, waiting, running, now):  # type: ignore[no-untyped-def]
         seen.append(len(waiting))
         return plan(self, cache, waiting, running, now)
 
-    controller_mod.Controller.plan_round = counted
+    cls.plan_round = counted  # type: ignore[method-assign]
     try:
-        result = replay(inst, "topas", kv_tokens=int(inst.server.kv_capacity_tokens * REPLAY_KV))
+        kv = int(inst.server.kv_capacity_tokens * REPLAY_KV)
+        result = replay(inst, "topas", kv_tokens=kv, offload=offload)
     finally:
-        controller_mod.Controller.plan_round = plan
+        cls.plan_round = plan  # type: ignore[method-assign]
     st = result.stats
     calls = st.rounds + st.reused
     return {
@@ -190,7 +220,8 @@ def replay_cost(tasks: int, load: float) -> dict[str, float]:
         "ms_per_call": 1e3 * st.decide_s / max(1, calls),
         "ms_per_planned": 1e3 * st.decide_s / max(1, st.rounds),
         "waiting_mean": statistics.mean(seen) if seen else 0.0,
-        "waiting_max": max(seen, default=0),
+        "waiting_max": max(seen, default=0), "offload": offload,
+        "planner_ms": 1e3 * st.planner_s / max(1, st.plans), "lag": st.lag / max(1, st.plans),
     }  # fmt: skip
 
 
@@ -221,6 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="SGLang's --schedule-policy under the plugin")  # fmt: skip
     ap.add_argument("--flush-mb", type=int, default=0, help="MB written before each round")
     ap.add_argument("--replays", default="100:1.5,200:2", help="TASKS:LOAD,... ('': none)")
+    ap.add_argument(
+        "--offload",
+        action="store_true",
+        help="also measure each policy planning in a planner process",
+    )
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="ms of sleep after each round (a forward pass)")  # fmt: skip
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     try:
@@ -228,8 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"error: --waiting: integers expected, got {args.waiting!r}", file=sys.stderr)
         return 2
-    if not sizes or min(sizes) < 1 or args.rounds < 1 or args.budget_ms < 0 or args.flush_mb < 0:
-        print("error: --waiting and --rounds must be >= 1, --budget-ms and --flush-mb >= 0",
+    if (not sizes or min(sizes) < 1 or args.rounds < 1 or args.budget_ms < 0
+            or args.flush_mb < 0 or not args.gap_ms >= 0):  # fmt: skip
+        print("error: --waiting and --rounds must be >= 1, --budget-ms, --gap-ms and "
+            "--flush-mb >= 0",
               file=sys.stderr)  # fmt: skip
         return 2
     try:
@@ -248,27 +288,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     load_plugin()
     specs = [s for s in args.policies.split(",") if s]
+    modes = (False, True) if args.offload else (False,)
     rows = []
     for kind in kinds:
         for n in sizes:
-            under = {"schedule": args.schedule, "flush_mb": args.flush_mb}
+            under = {"schedule": args.schedule, "flush_mb": args.flush_mb, "gap_ms": args.gap_ms}
             base = measure(n, None, args.rounds, 0.0, kind, **under)["calc_priority_p50_ms"]
-            for spec in specs:
-                row = {"round": kind, "waiting": n, "policy": spec, "sglang_lpm_p50_ms": base}
-                row.update(measure(n, spec, args.rounds, args.budget_ms, kind, **under))
+            for spec, offload in itertools.product(specs, modes):
+                row = {"round": kind, "waiting": n, "policy": spec, "offload": offload,
+                       "sglang_lpm_p50_ms": base}  # fmt: skip
+                row.update(measure(n, spec, args.rounds, args.budget_ms, kind, **under,
+                                   offload=offload))  # fmt: skip
                 rows.append(row)
-                print(f"{kind}, {n} waiting, {spec}: plan p50 {row['plan_p50_ms']:.3f} ms",
-                      file=sys.stderr)  # fmt: skip
+                print(f"{kind}, {n} waiting, {spec}{', offload' * offload}: plan p50 "
+                      f"{row['plan_p50_ms']:.3f} ms", file=sys.stderr)  # fmt: skip
     replayed = []
-    for tasks, load in replays:
-        replayed.append(replay_cost(tasks, load))
+    for (tasks, load), offload in itertools.product(replays, modes):
+        replayed.append(replay_cost(tasks, load, offload))
         print(f"replay {tasks} tasks at load {load}: {replayed[-1]}", file=sys.stderr)
     command = shlex.join(["python", "integration/sglang/bench_plan.py", *argv])
-    text = summary_md(rows, command, args.schedule, args.flush_mb) + replay_md(replayed)
+    text = summary_md(rows, command, args.schedule, args.flush_mb, args.gap_ms, args.offload)
+    text += replay_md(replayed, args.offload)
     if args.out:
         params = StudyParams({"waiting": sizes, "policies": specs, "rounds": args.rounds,
                               "kinds": kinds, "schedule": args.schedule,
-                              "flush_mb": args.flush_mb,
+                              "flush_mb": args.flush_mb, "offload": args.offload,
+                              "gap_ms": args.gap_ms,
                               "budget_ms": args.budget_ms, "replays": args.replays,
                               "replay_seed": REPLAY_SEED, "replay_kv": REPLAY_KV})  # fmt: skip
         files = study_files("plugin plan cost", params.to_json(), command, rows, text)
@@ -278,7 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def summary_md(
-    rows: Sequence[dict[str, Any]], command: str, schedule: str = "lpm", flush_mb: int = 0
+    rows: Sequence[dict[str, Any]],
+    command: str,
+    schedule: str = "lpm",
+    flush_mb: int = 0,
+    gap_ms: float = 0.0,
+    offload: bool = False,
 ) -> str:
     header = ["round", "waiting", "policy", "plan p50 (ms CPU)", "plan p99", "plan mean",
               "calc_priority p50 (ms wall)",
@@ -290,6 +340,13 @@ def summary_md(
          f"{r['sglang_lpm_p50_ms']:.3f}"]
         for r in rows
     ]  # fmt: skip
+    if offload:
+        header[3:3] = ["planning"]
+        header += ["planner per plan (ms CPU)", "rounds sent", "lag (rounds)"]
+        for line, r in zip(body, rows, strict=True):
+            line[3:3] = ["planner process" if r["offload"] else "in the scheduler"]
+            line += ([f"{r['planner_ms']:.3f}", f"{100 * r['sent']:.0f}%", f"{r['lag']:.2f}"]
+                     if r["offload"] else ["", "", ""])  # fmt: skip
     if schedule == "lpm":
         under = (
             "(SGLang's lpm ordering included); SGLang's lpm alone: the same call without "
@@ -301,6 +358,17 @@ def summary_md(
         under = f"(SGLang's {schedule} ordering included); SGLang's {schedule} alone: the "
         under += "same call without TOPAS."
     flush = f" {flush_mb} MB written before each round (cold CPU caches)." if flush_mb else ""
+    if gap_ms:
+        flush += f" {gap_ms:g} ms of sleep after each round (a forward pass)."
+    if offload:
+        flush += (
+            " With the planning in a planner process (`topas_sglang.offload`), `plan` is the "
+            "scheduler's share (a snapshot sent when the planner has answered the last one, "
+            "the newest plan applied); `planner per plan` the planner's own CPU time, "
+            "`rounds sent` the share of rounds whose snapshot was sent, `lag` how many "
+            "rounds that changed something passed between a snapshot and its plan's "
+            "arrival (0: it came back before the next one, which applied it)."
+        )
     return "\n".join([
         "# The plugin's cost per planned round (SGLang 0.5.23 objects, CPU)",
         "",
@@ -320,7 +388,9 @@ def summary_md(
     ])  # fmt: skip
 
 
-def replay_md(rows: Sequence[dict[str, Any]]) -> str:
+def replay_md(rows: Sequence[dict[str, Any]], offload: bool = False) -> str:
+    from topas_sglang.controller import DEFAULT_POLICY  # the replay's policy
+
     if not rows:
         return ""
     header = ["tasks", "load", "calc_priority calls", "planned", "ms per call (wall)",
@@ -332,13 +402,22 @@ def replay_md(rows: Sequence[dict[str, Any]]) -> str:
          f"{r['waiting_mean']:.0f} / {r['waiting_max']}"]
         for r in rows
     ]  # fmt: skip
+    if offload:
+        header[2:2] = ["planning"]
+        header += ["planner per plan (ms CPU)", "lag (rounds)"]
+        for line, r in zip(body, rows, strict=True):
+            line[2:2] = ["planner process" if r["offload"] else "in the scheduler"]
+            line += ([f"{r['planner_ms']:.3f}", f"{r['lag']:.2f}"] if r["offload"]
+                     else ["", ""])  # fmt: skip
     return "\n".join([
         "",
         "## Replays: the cost per round as SGLang calls it",
         "",
-        f"`metagpt-sop` through the CPU loop (SGLang's scheduler objects), `topas`, half the "
-        f"KV budget, seed {REPLAY_SEED}, budget off. Most calls find nothing changed and "
-        "reuse the last plan.",
+        f"`metagpt-sop` through the CPU loop (SGLang's scheduler objects), the plugin with "
+        f"its default policy (`{DEFAULT_POLICY}`), half the KV budget, seed {REPLAY_SEED}, "
+        "budget off. Most calls find nothing changed and reuse the last plan. With the "
+        "planner process the replay waits for its answer after each iteration (as a "
+        "forward pass would give it time), so each plan is applied one round late.",
         "",
         md_table(header, body),
         "",

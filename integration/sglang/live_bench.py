@@ -7,8 +7,9 @@ the Python radix-tree core for every policy), replays the instance against it
 (``topas serve-bench``: one HTTP request per stage, sent when its dependencies finish)
 and stops it. Policies: ``topas`` (the plugin with the search), ``lpm`` (SGLang's
 ``--schedule-policy lpm``, LRU eviction) and ``lru`` (SGLang's defaults: ``fcfs`` with LRU
-eviction); ``topas-greedy`` (the plugin's default scorer) on request. Beside each live
-run, the simulator's JCTs on the same instance with the matching policy (``topas``,
+eviction); ``topas-greedy`` (the plugin's default scorer) and ``topas-offload``
+(``topas`` planning in a planner process) on request. Beside each live run, the
+simulator's JCTs on the same instance with the matching policy (``topas``,
 ``topas-greedy``, ``lpm``, ``fcfs``; calibrated timing), and the plugin's own counters
 from the server log (planned rounds, planning time per call, requests held back,
 fallbacks).
@@ -46,8 +47,12 @@ from topas.workloads import generate
 from topas_sglang.controller import stats_from_log
 from topas_sglang.fake_server import FakeServer
 
-SIMULATED = {"topas": "topas", "topas-greedy": "topas-greedy", "lpm": "lpm", "lru": "fcfs"}
-"""The simulator's policy beside each live one."""
+SIMULATED = {"topas": "topas", "topas-greedy": "topas-greedy", "lpm": "lpm", "lru": "fcfs",
+             "topas-offload": "topas"}  # fmt: skip
+"""The simulator's policy beside each live one (``topas-offload``: ``topas`` planning in a
+planner process, :mod:`topas_sglang.offload`)."""
+
+OFFLOAD = "-offload"
 
 SGLANG_SIDE = {"lpm": ("lpm", "lru"), "lru": ("fcfs", "lru")}
 """SGLang's own policies: (schedule policy, eviction policy)."""
@@ -74,7 +79,7 @@ def server_for(
     if policy in SGLANG_SIDE:
         schedule, eviction = SGLANG_SIDE[policy]
     else:
-        schedule, eviction = args.topas_schedule, policy
+        schedule, eviction = args.topas_schedule, policy.removesuffix(OFFLOAD)
     return FakeServer(
         port=args.port,
         max_total_tokens=max_total_tokens,
@@ -83,6 +88,7 @@ def server_for(
         overlap=overlap,
         time_scale=args.time_scale,
         noise=args.noise,
+        offload=policy.endswith(OFFLOAD),
         log_path=Path(args.out) / f"server-{label}.log",
     )
 
@@ -117,6 +123,9 @@ def live_run(  # type: ignore[no-untyped-def]
         "held": stats.get("held"),
         "fallbacks": stats.get("fallbacks"),
         "over_budget": stats.get("over_budget"),
+        "planner_ms_per_plan": (
+            1e3 * stats["planner_s"] / stats["plans"] if stats.get("plans") else None
+        ),
     }
 
 
@@ -129,7 +138,7 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
     header = [
         "workload", "seed", "policy", "loop", "live mean / p99 (s)", "simulated mean / p99 (s)",
         "live / simulated (mean)", "plugin ms per call", "rounds", "over budget", "held",
-        "fallbacks",
+        "fallbacks", "planner ms per plan",
     ]  # fmt: skip
     body = []
     for r in rows:
@@ -144,6 +153,7 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
             "-" if r["over_budget"] is None else int(r["over_budget"]),
             "-" if r["held"] is None else int(r["held"]),
             "-" if r["fallbacks"] is None else int(r["fallbacks"]),
+            "-" if r.get("planner_ms_per_plan") is None else f"{r['planner_ms_per_plan']:.2f}",
         ])  # fmt: skip
     return "\n".join([
         "# Live bench: the real SGLang 0.5.23 server on the CPU, fake model",
@@ -155,7 +165,9 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
         "JCTs in seconds of wall clock. Simulated: the calibrated simulator on the same "
         "instance with the matching policy (`lru` -> `fcfs`). The plugin's counters are its "
         "last `topas stats` log line (at powers of two and every 20 planned rounds; "
-        "`-`: no TOPAS).",
+        "`-`: no TOPAS). `topas-offload`: `topas` planning in a planner process "
+        "(`topas_sglang.offload`); its `plugin ms per call` is the scheduler's share, "
+        "`planner ms per plan` the planner's CPU time per plan.",
         "",
         md_table(header, body),
         "",

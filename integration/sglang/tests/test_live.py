@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -20,9 +21,51 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from topas.profiles import get_profile
 from topas.timing import iteration_s
+from topas_sglang.controller import stats_from_log
 from topas_sglang.fake_model import MODEL_DIR
 from topas_sglang.fake_model.causal_lm import TopasFakeForCausalLM, batch_cost
 from topas_sglang.fake_server import FakeServer
+
+
+def scrape_topas_metrics(url: str) -> dict[str, float]:
+    """The plugin's counters in a live server's Prometheus text at ``url``/metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith("topas:")]
+    return {row[0]: float(row[1]) for row in rows}
+
+
+def sop_through_metrics_server(tmp_path: Path, **server_kw):  # type: ignore[no-untyped-def]
+    """A 4-task ``metagpt-sop`` instance replayed by ``topas serve-bench`` on a fake-model
+    server with ``--enable-metrics`` (``server_kw`` to :class:`FakeServer`): (the instance,
+    the server, the client's completed run, the plugin's exported counters)."""
+    import subprocess
+
+    from topas.instance import save_instance
+    from topas.workloads import generate
+
+    inst = generate("metagpt-sop", num_tasks=4, seed=0, load=1.0, token_scale=4)
+    path = tmp_path / "sop.json"
+    save_instance(inst, str(path))
+    extra = (*server_kw.pop("extra_args", ()), "--enable-metrics")
+    server = FakeServer(port=0, max_total_tokens=inst.server.kv_capacity_tokens,
+                        policy="topas", extra_args=extra, log_path=tmp_path / "server.log",
+                        **server_kw)  # fmt: skip
+    with server:
+        topas = Path(sys.executable).with_name("topas")
+        run = subprocess.run(
+            [str(topas), "serve-bench", str(path), "--url", server.url,
+             "--out", str(tmp_path / "r.json"), "--timeout", "300"],
+            capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        exported = scrape_topas_metrics(server.url)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(json.loads((tmp_path / "r.json").read_text())["jct"]) == 4
+    assert exported["topas:finished_stages_total"] == inst.num_stages  # one signal per stage
+    assert exported["topas:fallbacks_total"] == 0
+    return inst, server, run, exported
 
 
 def _batch(mode, rows, seq_lens, extend=None):  # type: ignore[no-untyped-def]
@@ -146,47 +189,36 @@ def test_chunked_requests_are_never_taken_for_finished_and_counters_reach_metric
     # (Stats.reappeared: 1-2 per run before the fix); now the adder tells it, and a stage
     # is finished only on SGLang's finish signal, one per stage. With --enable-metrics
     # the plugin's counters are in SGLang's own /metrics.
-    import subprocess
-    import urllib.request
-
-    from topas.instance import save_instance
-    from topas.workloads import generate
-
-    inst = generate("metagpt-sop", num_tasks=4, seed=0, load=1.0, token_scale=4)
-    path = tmp_path / "sop.json"
-    save_instance(inst, str(path))
-    log = tmp_path / "server.log"
-    server = FakeServer(
-        port=0,
-        max_total_tokens=inst.server.kv_capacity_tokens,
-        policy="topas",
-        extra_args=("--chunked-prefill-size", "64", "--enable-metrics"),
-        log_path=log,
+    _, server, _, exported = sop_through_metrics_server(
+        tmp_path, extra_args=("--chunked-prefill-size", "64")
     )
-    with server:
-        topas = Path(sys.executable).with_name("topas")
-        run = subprocess.run(
-            [str(topas), "serve-bench", str(path), "--url", server.url,
-             "--out", str(tmp_path / "r.json"), "--timeout", "300"],
-            capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
-        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
-            metrics = r.read().decode()
-    assert run.returncode == 0, run.stderr[-2000:]
-    exported = {
-        line.split()[0]: float(line.split()[1])
-        for line in metrics.splitlines()
-        if line.startswith("topas:")
-    }
-    assert exported["topas:plan_rounds_total"] > 0 and exported["topas:fallbacks_total"] == 0
+    assert exported["topas:plan_rounds_total"] > 0
     assert exported["topas:reappeared_total"] == 0 and "topas:held_requests_total" in exported
-    assert exported["topas:finished_stages_total"] == inst.num_stages  # one signal per stage
-    assert len(json.loads((tmp_path / "r.json").read_text())["jct"]) == 4
-    text = log.read_text(errors="replace")
+    text = server.log_path.read_text(errors="replace")
     assert "chunked_prefill_size': 64" in text  # the server really chunked
     stats = [line for line in text.splitlines() if "topas stats:" in line]
     assert stats and "reappeared=0 " in stats[-1], stats[-1:]
     assert "fallbacks=0 " in stats[-1]
+
+
+def test_the_real_server_plans_in_a_planner_process_with_offload(tmp_path):
+    # {"offload": true}: the scheduler sends snapshots to a planner process and applies its
+    # plans; every stage finishes (one signal each), plans come back, nothing fell back,
+    # and the planner ends with the server (its pipe closes).
+    import subprocess
+
+    _, server, _, _ = sop_through_metrics_server(tmp_path, offload=True)
+    assert '"offload": true' in " ".join(server.command())
+    text = server.log_path.read_text(errors="replace")
+    stats = stats_from_log(text)  # logged as plans come back (the live bench reads it)
+    assert stats["plans"] > 0 and stats["planner_s"] > 0 and stats["fallbacks"] == 0, stats
+    assert "planner process unavailable" not in text
+    for _ in range(50):  # the planner reads the end of its pipe and exits
+        left = subprocess.run(["pgrep", "-f", "topas_sglang.offload"], capture_output=True)
+        if not left.stdout:
+            break
+        time.sleep(0.1)
+    assert left.stdout == b"", "a planner process outlived its server"
 
 
 def test_exporter_adds_only_what_changed():

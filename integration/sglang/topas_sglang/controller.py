@@ -83,6 +83,10 @@ class Stats:
     reappeared: int = 0  # stages signalled finished, then seen queued or running again
     over_budget: int = 0  # rounds that kept SGLang's order: the time budget was spent
     followed: int = 0  # rounds and retraction orders taken from rank 0 (a TP rank > 0)
+    plans: int = 0  # plans received from the planner process (offload; 0 otherwise)
+    planner_s: float = 0.0  # CPU seconds the planner process spent on them
+    lag: int = 0  # changed rounds between a snapshot and its plan's arrival, summed (0:
+    # the plan came back before the next changed round, which applies it)
 
     def line(self) -> str:
         """One log line (``topas stats: key=value ...``), which the live bench reads."""
@@ -93,7 +97,8 @@ class Stats:
             f"retraction_orders={self.retraction_orders} fallbacks={self.fallbacks} "
             f"malformed={self.malformed} finished={self.finished} "
             f"reappeared={self.reappeared} over_budget={self.over_budget} "
-            f"followed={self.followed} "
+            f"followed={self.followed} plans={self.plans} "
+            f"planner_s={self.planner_s:.6f} lag={self.lag} "
             f"decide_s={self.decide_s:.6f} "
             f"decide_ms_per_call={per_round:.4f}"
         )
@@ -171,7 +176,11 @@ class Controller:
         self._last_at = -math.inf
         self._last_order: list | None = None
         self.chunked_req: Any = None  # the request SGLang is still prefilling in chunks
-        self.exporter = Exporter() if metrics_enabled() else None  # --enable-metrics
+        self.exporter = Exporter() if self.exports() else None  # --enable-metrics
+
+    def exports(self) -> bool:
+        """Whether this controller's stats go to SGLang's metrics (``--enable-metrics``)."""
+        return metrics_enabled()
 
     # ------------------------------------------------------------------ rounds
 
@@ -192,13 +201,43 @@ class Controller:
             return None  # SGLang's order this round; the last ranks keep the prompts
         self._last_key, self._last_at, self._last_order = key, now, None
         self.cache = cache
+        planned = self.plan(waiting, self.in_flight(waiting, running), now)
+        if planned is None:
+            return None
+        order, held = planned
+        self._last_order = order
+        self.stats.rounds += 1
+        self.stats.held += len(held)
+        self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
+        spent = time.perf_counter() - start
+        self.stats.decide_s += spent
+        self.credit -= spent
+        self.export()
+        self.log_stats(self.stats.rounds)
+        return order
+
+    def log_stats(self, count: int) -> None:
+        """Logs :meth:`Stats.line` at the ``count``-th planned round when ``count`` is a
+        power of two or a multiple of :data:`STATS_EVERY` (1, 2, 4, 8, 16, 20, 32, 40, ...)."""
+        if count & (count - 1) == 0 or count % STATS_EVERY == 0:
+            logger.info(self.stats.line())
+
+    def in_flight(self, waiting: list, running: Sequence) -> Sequence:
+        """``running`` and, while SGLang prefills it in chunks, the chunked request: it is
+        in neither the queue nor the batch, in flight and not finished."""
         chunked = self.chunked_req
         if (
             chunked is not None
             and not chunked.finished()
             and not any(r is chunked for r in (*waiting, *running))
         ):
-            running = [*running, chunked]  # mid-prefill: in flight, not finished
+            return [*running, chunked]
+        return running
+
+    def plan(self, waiting: list, running: Sequence, now: float) -> tuple[list, list] | None:
+        """One plan: the requests read, the State built, the policy's decision, the
+        eviction ranks and this round's hold-backs set; (queue order, held requests), or
+        None when no request carries TOPAS metadata."""
         obs = observe(waiting, running, self.releases, self._memo)
         self._note_finished(obs)
         if not obs.requests:
@@ -210,18 +249,7 @@ class Controller:
         self._set_ranks(policy, state, decision)
         order, held = queue_order(waiting, obs, decision, idle=not running)
         self.held_rids = frozenset(r.rid for r in held)
-        self._last_order = order
-        self.stats.rounds += 1
-        self.stats.held += len(held)
-        self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
-        spent = time.perf_counter() - start
-        self.stats.decide_s += spent
-        self.credit -= spent
-        self.export()
-        r = self.stats.rounds
-        if r & (r - 1) == 0 or r % STATS_EVERY == 0:  # 1, 2, 4, 8, 16, 20, 32, 40, ...
-            logger.info(self.stats.line())
-        return order
+        return order, held
 
     def _earn(self) -> None:
         """The time budget (a token bucket): every scheduling round earns ``budget_ms``,
@@ -280,18 +308,25 @@ class Controller:
         if self.cache is None:  # no round planned yet: nothing known about the tree
             return order
         start = time.perf_counter()
-        obs = observe([], reqs, dict(self.releases))
-        if not obs.requests:
+        kept = self.keep_first(reqs, now)
+        if not kept:
             return order
-        state = self._state(obs, now, Observer(self.observer.stamps))  # not the rounds' one
-        victims = self._policy_for(state).retraction_order(state, list(obs.reqs))
         index = {id(r): i for i, r in enumerate(reqs)}
-        keep_first = [index[id(obs.reqs[ref])] for ref in reversed(victims)]
-        out = refill(order, keep_first, key=int)
+        out = refill(order, [index[id(r)] for r in kept], key=int)
         self.stats.retraction_orders += 1
         self.stats.decide_s += time.perf_counter() - start
         self.export()
         return out
+
+    def keep_first(self, reqs: Sequence, now: float) -> list:
+        """The tagged requests of ``reqs`` (a running batch) in the policy's retraction
+        order, keep-first (the last is retracted first); empty when none is tagged."""
+        obs = observe([], reqs, dict(self.releases))
+        if not obs.requests:
+            return []
+        state = self._state(obs, now, Observer(self.observer.stamps))  # not the rounds' one
+        victims = self._policy_for(state).retraction_order(state, list(obs.reqs))
+        return [obs.reqs[ref] for ref in reversed(victims)]
 
     # ------------------------------------------------------------------ observation
 

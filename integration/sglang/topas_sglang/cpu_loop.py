@@ -16,6 +16,13 @@ does. With ``eviction="lru"`` the plugin stays off (every hook passes SGLang's r
 through): that is SGLang as it ships. The lifecycle follows the scheduler's
 (``scheduler.py`` admission loop, ``release_kv_cache``, ``retract_decode``) without
 chunked prefill, overlap scheduling, or speculative decoding.
+
+With ``offload=True`` the plans are made in a planner process
+(:mod:`topas_sglang.offload`). The replay then waits for the planner's answer after each
+iteration, as the iteration's time on a GPU (the model's 10-100 ms) would give it: each
+plan is applied one round late, as on a live server whose planner keeps up, and the
+replay is deterministic. Without that wait the replay, which runs its iterations in
+microseconds of CPU, would outrun the planner by tens of rounds.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from topas.serve_bench import prefix_ids, stage_payload
 from topas.timing import iteration_s, linear_cost
 from topas_sglang import hooks
 from topas_sglang.controller import Stats
+from topas_sglang.offload import Offloaded
 from topas_sglang.retention import controller_of
 
 EPOCH = 1.0  # the replay clock starts here: SGLang reads a 0.0 queue time as "unset"
@@ -86,11 +94,12 @@ def make_cache(
     max_context: int = 4096,
     backend: str | None = None,
     budget_ms: float | None = None,
+    offload: bool = False,
 ) -> UnifiedRadixCache:
     """A ``UnifiedRadixCache`` over CPU token pools, as the scheduler builds its own
     (``backend`` None: SGLang picks the tree core; the plugin's hook may override), with
     its TOPAS controller's time budget set to ``budget_ms`` (None: the plugin's default;
-    0: off)."""
+    0: off); with ``offload`` it plans in a planner process (:mod:`topas_sglang.offload`)."""
     rtp = ReqToTokenPool(size=slots, max_context_len=max_context, device="cpu",
                          enable_memory_saver=False)  # fmt: skip
     pool = MHATokenToKVPool(size=kv_tokens, page_size=1, dtype=torch.bfloat16, head_num=1,
@@ -104,6 +113,12 @@ def make_cache(
         tree_core_backend=backend,
     ))  # fmt: skip
     controller = controller_of(cache)
+    if controller is not None and offload:
+        from topas_sglang.offload import Offloaded
+
+        controller = cache.tree_core.eviction_strategy.adopt(
+            Offloaded(policy_spec=controller.policy_spec, key_factory=controller.key_factory)
+        )
     if controller is not None and budget_ms is not None:
         controller.budget_ms = budget_ms
     return cache
@@ -134,6 +149,7 @@ class CpuLoop:
         kv_tokens: int | None = None,
         max_running: int | None = None,
         seed: int = 0,
+        offload: bool = False,
     ) -> None:
         self.inst = instance
         self.eviction = eviction
@@ -148,12 +164,15 @@ class CpuLoop:
         )
         # the replay's clock is simulated and charges no planning time: a wall-clock
         # budget would only add noise
-        self.cache = make_cache(eviction, kv, slots, max_context=longest + 8, budget_ms=0)
+        self.cache = make_cache(
+            eviction, kv, slots, max_context=longest + 8, budget_ms=0, offload=offload
+        )
         self.rtp = self.cache.req_to_token_pool
         self.alloc = self.cache.token_to_kv_pool_allocator
         self.policy = SchedulePolicy(schedule_policy, self.cache, False, False, False)
         self.adder_class = Scheduler.get_prefill_adder_class(None)
         self.slots = slots
+        self.offload = offload
         self.t = 0.0
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -169,7 +188,11 @@ class CpuLoop:
             self._run()
         finally:
             hooks.clock = saved
-        self.result.stats = getattr(controller_of(self.cache), "stats", None)
+        controller = controller_of(self.cache)
+        self.result.stats = getattr(controller, "stats", None)
+        close = getattr(controller, "close", None)
+        if close is not None:  # an offloaded controller's planner process
+            close()
         return self.result
 
     def _run(self) -> None:
@@ -194,6 +217,10 @@ class CpuLoop:
                     raise RuntimeError(f"stuck at t={self.t:.3f}: nothing admissible")
                 self.t = arrivals[0].arrival
             self.result.iterations += 1
+            if self.offload:  # the planner has the iteration's time (module docstring)
+                controller = controller_of(self.cache)
+                if isinstance(controller, Offloaded):
+                    controller.settle()
 
     def _send(self, ref: StageRef) -> None:
         """The client sends the stage's request (as ``topas serve-bench`` does)."""

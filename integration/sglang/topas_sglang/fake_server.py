@@ -51,6 +51,7 @@ class FakeServer(Service):
     time_scale: float = 1.0  # TOPAS_FAKE_TIME_SCALE
     noise: float = 0.0  # TOPAS_FAKE_NOISE
     seed: int = 0
+    offload: bool = False  # TOPAS plans in a planner process (topas_sglang.offload)
     extra_args: tuple[str, ...] = ()
 
     error = FakeServerError
@@ -85,7 +86,8 @@ class FakeServer(Service):
             cmd += ["--radix-eviction-policy", self.policy]
         else:
             cmd += ["--radix-eviction-policy", "topas"]
-            cmd += ["--radix-eviction-policy-config", json.dumps({"policy": self.policy})]
+            config = {"policy": self.policy, **({"offload": True} if self.offload else {})}
+            cmd += ["--radix-eviction-policy-config", json.dumps(config)]
         if not self.overlap:
             cmd.append("--disable-overlap-schedule")
         return cmd + list(self.extra_args)

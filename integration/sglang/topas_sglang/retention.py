@@ -22,7 +22,8 @@ Each strategy owns the :class:`~topas_sglang.controller.Controller` of its sched
 configured with ``--radix-eviction-policy topas``, and optionally
 ``--radix-eviction-policy-config '{"policy": "topas-greedy:horizon=2", "budget_ms": 1.0}'``
 (a TOPAS policy spec, the default ``controller.DEFAULT_POLICY``; the mean planning time per
-round, the default ``controller.DEFAULT_BUDGET_MS``).
+round, the default ``controller.DEFAULT_BUDGET_MS``), and ``"offload": true`` to plan in a
+process of its own, off the scheduler's thread (:mod:`topas_sglang.offload`).
 """
 
 from __future__ import annotations
@@ -50,10 +51,27 @@ def active() -> Controller | None:
 class TopasRetention(EvictionStrategy):
     """See the module docstring."""
 
-    def __init__(self, policy: str = DEFAULT_POLICY, budget_ms: float = DEFAULT_BUDGET_MS) -> None:
+    def __init__(
+        self,
+        policy: str = DEFAULT_POLICY,
+        budget_ms: float = DEFAULT_BUDGET_MS,
+        offload: bool = False,
+    ) -> None:
+        if not isinstance(offload, bool):
+            raise ValueError(f"offload: true or false expected, got {offload!r}")
+        kind = Controller
+        if offload:
+            from topas_sglang.offload import Offloaded
+
+            kind = Offloaded
+        self.adopt(kind(policy_spec=policy, budget_ms=budget_ms, key_factory=RadixKey))
+
+    def adopt(self, controller: Controller) -> Controller:
+        """Make ``controller`` this strategy's (and the process's active one)."""
         global _active
-        self.controller = Controller(policy_spec=policy, budget_ms=budget_ms, key_factory=RadixKey)
-        _active = weakref.ref(self.controller)
+        self.controller = controller
+        _active = weakref.ref(controller)
+        return controller
 
     def get_priority(self, node: Any) -> tuple:
         rank = self.controller.ranks.get(node.id)

@@ -1,0 +1,558 @@
+"""Planning off the scheduler's thread: a planner process runs the controller's plans.
+
+With ``{"offload": true}`` in ``--radix-eviction-policy-config`` the scheduler keeps an
+:class:`Offloaded` controller. At a scheduling round it only
+
+1. writes a *snapshot* of the round to a pipe, when the queue, the batch or the tree
+   changed (or :data:`~topas_sglang.controller.REPLAN_S` passed): per tagged request a
+   wire tuple ``(rid, metadata or None, queue time, running, generated)``, the metadata
+   string only the first time the request is sent, and which agents' prompts the tree
+   holds (the read-only match the synchronous controller makes);
+2. reads the newest *plan* the planner has sent back, without waiting for it;
+3. applies that plan to the waiting queue as it is now: the requests the plan ranks, in
+   its order, among their own positions; requests it does not know (they arrived after
+   its snapshot) and untagged ones keep their places; the ones it holds go to the tail,
+   unless nothing runs and the plan would admit none of them.
+
+The planner process (``python -m topas_sglang.offload``, started at the first round)
+keeps a :class:`Remote` controller, the synchronous :class:`~topas_sglang.controller.Controller`
+with the tree's answers and the server's sizes given to it: the same observation, State,
+policy and queue order, on stand-ins of SGLang's requests built from the wire tuples.
+When several snapshots wait, it plans only the newest (finish signals are all applied, in
+order). So a plan is one round old, or more when the planner falls behind; what it does
+not know is left in SGLang's order. The scheduler sends no snapshot while one is still
+unplanned, so it never waits on the pipe, and a retraction (rare) asks the planner and
+waits for its answer for :data:`RETRACT_WAIT_S` at most, else SGLang's order stands.
+
+The planner sees the requests as the scheduler saw them, so its decisions are what the
+synchronous controller would decide on the same round: determinism and the TP rule
+(rank 0 plans, the other ranks take its order) are unchanged. If the planner process
+dies, every later round keeps SGLang's order and the failure is logged once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import time
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from types import SimpleNamespace
+from typing import Any
+
+from topas.instance import ServerSpec
+from topas.workflow_metadata import KEY
+from topas_sglang.controller import REPLAN_S, Controller
+
+logger = logging.getLogger("topas_sglang")
+
+RETRACT_WAIT_S = 0.5
+"""How long a retraction waits for the planner's victim order before keeping SGLang's."""
+
+PLANNER_CMD = ["-m", "topas_sglang.offload"]  # run by the scheduler's Python
+NAP_S = 0.0002
+NAP_FOR_S = 1.0
+"""The planner waits for the next snapshot in naps of :data:`NAP_S`, for up to
+:data:`NAP_FOR_S` after its last message, then blocks on the pipe. A write to a pipe that a
+process sleeps on costs the writer the wake-up of that process (on this project's VMs about
+0.1-0.4 ms, measured 2026-12-03); a napping planner is woken by its own timer instead."""
+
+PIPE_BYTES = 1 << 20  # asked of the kernel for each pipe (Linux F_SETPIPE_SZ), best effort
+
+Wire = tuple[str, "str | None", float, bool, int]
+"""(rid, TOPAS metadata string (None: sent before), queue entry time, running, generated)."""
+
+
+# ============================================================================ scheduler side
+
+
+@dataclass
+class Plan:
+    """What the planner decided for one snapshot, on the scheduler's side."""
+
+    seq: int  # the snapshot's number
+    reqs: list  # the snapshot's requests (waiting, then running): the plan's ids stay theirs
+    rank: dict[int, int]  # id(request) -> place in the plan's queue order (unheld ones)
+    held: frozenset[int]  # id(request) of those held back
+    ranks: dict[str, tuple]  # agent -> its prompt's eviction rank
+    cpu_s: float  # the planner's CPU time for it
+
+
+@dataclass
+class Offloaded(Controller):
+    """A :class:`~topas_sglang.controller.Controller` whose plans are made in a planner
+    process (see the module docstring). The time budget does not apply: the scheduler's
+    share of a round is a pass over the queue."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._to: Connection | None = None  # scheduler -> planner
+        self._from: Connection | None = None
+        self._proc: subprocess.Popen | None = None
+        self._dead = False
+        self._wired: WireMemo = {}  # the requests of the last snapshot (the planner has
+        # their metadata)
+        self._snapshot: tuple[int, list] = (0, [])  # the last one sent: (seq, requests)
+        self._changed = 0  # rounds that found the queue, batch or tree changed
+        self._sent_at = 0  # ... when the last snapshot was sent
+        self._seq = 0  # snapshots and retraction questions sent
+        self._acked = 0  # the newest of them answered
+        self._plan: Plan | None = None
+        self._fresh = False  # a plan arrived since the order was last applied
+        self._early: list[tuple] = []  # finish signals before the planner started
+
+    # ------------------------------------------------------------------ rounds
+
+    def plan_round(self, cache: Any, waiting: list, running: Sequence, now: float) -> list | None:
+        start = time.perf_counter()
+        self.cache = cache
+        running = self.in_flight(waiting, running)
+        # The queue as a set: the order the last plan gave it, which SGLang's stable sort
+        # keeps, is no reason to plan again (the planner saw the order before it).
+        key = (frozenset(map(id, waiting)), tuple(map(id, running)), cache.evictable_size(),
+               cache.protected_size())  # fmt: skip
+        if self._link() is None:
+            self.held_rids, self.ranks = frozenset(), {}
+            return None
+        self._receive()
+        changed = key != self._last_key or now - self._last_at >= REPLAN_S
+        self._changed += changed
+        if not changed and not self._fresh:
+            self.stats.reused += 1
+            return None if self._last_order is None else list(self._last_order)
+        if changed and self._seq == self._acked:  # the planner has caught up: send
+            self._last_key, self._last_at = key, now
+            self._send_snapshot(waiting, running, now)
+        order = self._apply(waiting, running)
+        self._last_order = order
+        self.stats.decide_s += time.perf_counter() - start
+        self.export()
+        return order
+
+    def _send_snapshot(self, waiting: list, running: Sequence, now: float) -> None:
+        wires, reqs, self._wired = wire_requests(waiting, running, self._wired)
+        if not wires:
+            return
+        device, host = self._residency()
+        self._seq += 1
+        self._snapshot = (self._seq, reqs)
+        self._sent_at = self._changed
+        self.stats.rounds += 1
+        self._post(("plan", self._seq, now, wires, device, host))
+
+    def _apply(self, waiting: list, running: Sequence) -> list | None:
+        """``waiting`` in the newest plan's order (see the module docstring)."""
+        plan = self._plan
+        self._fresh = False
+        if plan is None:
+            return None
+        rank, held = plan.rank, plan.held
+        keep, out = [], []
+        for r in waiting:
+            (out if id(r) in held else keep).append(r)
+        slots = [i for i, r in enumerate(keep) if id(r) in rank]
+        if out and not running and not slots:  # hold nothing while the server would idle
+            keep, out, slots = waiting, [], [i for i, r in enumerate(waiting) if id(r) in rank]
+        order = list(keep)
+        ranked = sorted((keep[i] for i in slots), key=lambda r: rank[id(r)])
+        for i, r in zip(slots, ranked, strict=True):
+            order[i] = r
+        order += out
+        self.held_rids = frozenset(r.rid for r in out)
+        self.stats.held += len(out)
+        self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
+        last = (2, len(plan.ranks))  # an agent the plan did not rank: after those it did
+        self.ranks = (
+            {node: plan.ranks.get(agent, last) for agent, node in self.prompt_nodes.items()}
+            if plan.ranks
+            else {}  # the plan saw no workflow in flight
+        )
+        return order
+
+    # ------------------------------------------------------------------ signals
+
+    def stage_finished(self, req: Any) -> None:
+        raw = _raw(req)
+        if raw is None:
+            return
+        self.stats.finished += 1
+        if self.follows() or self._dead:
+            pass
+        elif self._to is None:  # no round yet: the planner starts at the first
+            self._early.append(("done", req.rid, raw))
+        else:
+            self._post(("done", req.rid, raw))
+        self.export()
+
+    def retraction_order(self, reqs: Sequence, order: list[int], now: float) -> list[int]:
+        if self._plan is None or self._link() is None:  # no plan yet: nothing known
+            return order
+        start = time.perf_counter()
+        wires, _, _ = wire_requests((), reqs, {})
+        if not wires:
+            return order
+        self._seq += 1
+        seq = self._seq
+        self._post(("retract", seq, now, wires))
+        kept = self._await_retraction(seq)
+        self.stats.decide_s += time.perf_counter() - start
+        if kept is None:
+            return order
+        index = {r.rid: i for i, r in enumerate(reqs)}
+        out = refill_indices(order, [index[rid] for rid in kept if rid in index])
+        self.stats.retraction_orders += 1
+        self.export()
+        return out
+
+    # ------------------------------------------------------------------ the pipe
+
+    def _link(self) -> Connection | None:
+        """The pipe to the planner, which is started at the first use; None once it died."""
+        if self._dead:
+            return None
+        if self._to is None:
+            try:
+                self._start()
+            except OSError as e:
+                self._died(e)
+                return None
+        return self._to
+
+    def _start(self) -> None:
+        to_child, from_child = os.pipe(), os.pipe()
+        for fd in (*to_child, *from_child):
+            _widen(fd)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self._proc = subprocess.Popen(
+            [sys.executable, *PLANNER_CMD, str(to_child[0]), str(from_child[1])],
+            pass_fds=(to_child[0], from_child[1]),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        os.close(to_child[0])
+        os.close(from_child[1])
+        self._to = Connection(to_child[1], readable=False)
+        self._from = Connection(from_child[0], writable=False)
+        self._to.send(("init", self.policy_spec, self._server_spec()))
+        for msg in self._early:
+            self._to.send(msg)
+        self._early = []
+
+    def _post(self, msg: tuple) -> None:
+        try:
+            assert self._to is not None
+            self._to.send(msg)
+        except (OSError, EOFError, AssertionError) as e:
+            self._died(e)
+
+    def _receive(self) -> None:
+        """Takes every message the planner has sent, keeping the newest plan."""
+        conn = self._from
+        try:
+            while conn is not None and conn.poll():
+                self._take(conn.recv())
+        except (OSError, EOFError) as e:
+            self._died(e)
+
+    def _take(self, msg: tuple) -> Any:
+        kind = msg[0]
+        if kind == "plan":
+            _, seq, order, held, ranks, learn, cpu_s = msg
+            sent, reqs = self._snapshot
+            if seq == sent:  # else a plan for a snapshot before the last: none is sent so
+                self._adopt(Plan(seq, reqs, {id(reqs[i]): k for k, i in enumerate(order)},
+                                 frozenset(id(reqs[i]) for i in held), ranks, cpu_s),
+                            learn)  # fmt: skip
+            self._acked = max(self._acked, seq)
+        elif kind == "retract":
+            self._acked = max(self._acked, msg[1])
+        elif kind == "error":
+            self._acked = max(self._acked, msg[1])
+            self.stats.fallbacks += 1
+            _warn_once(f"TOPAS planner failed on round {msg[1]} ({msg[2]}); SGLang's order")
+        return msg
+
+    def _adopt(self, plan: Plan, learn: dict[str, tuple[int, int]]) -> None:
+        self._plan, self._fresh = plan, True
+        for agent, (i, n) in learn.items():  # new agents: their prompts' token ids, from a
+            ids = plan.reqs[i].origin_input_ids[:n]  # request of theirs
+            self.prompt_ids[agent] = array("q", list(ids))
+        self.stats.plans += 1
+        self.stats.planner_s += plan.cpu_s
+        self.stats.lag += self._changed - self._sent_at  # changed rounds it came too late for
+        self.log_stats(self.stats.plans)
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Waits until the planner has answered everything sent (tests and benches that
+        compare plans); False if it did not within ``timeout`` seconds."""
+        deadline = time.perf_counter() + timeout
+        try:
+            while self._acked < self._seq and self._from is not None:
+                if not self._from.poll(max(0.0, deadline - time.perf_counter())):
+                    return False
+                self._take(self._from.recv())
+        except (OSError, EOFError) as e:
+            self._died(e)
+        return self._acked >= self._seq
+
+    def _await_retraction(self, seq: int) -> list[str] | None:
+        conn = self._from
+        deadline = time.perf_counter() + RETRACT_WAIT_S
+        try:
+            while conn is not None and conn.poll(max(0.0, deadline - time.perf_counter())):
+                msg = self._take(conn.recv())
+                if msg[0] == "retract" and msg[1] == seq:
+                    return msg[2]
+                if msg[0] == "error" and msg[1] == seq:
+                    return None
+        except (OSError, EOFError) as e:
+            self._died(e)
+        return None
+
+    def _died(self, e: BaseException) -> None:
+        if not self._dead:
+            logger.warning(
+                "TOPAS planner process unavailable (%s: %s); SGLang's own order from now on",
+                type(e).__name__,
+                e,
+            )
+        self._dead = True
+        self.stats.fallbacks += 1
+        self.held_rids, self.ranks, self._plan = frozenset(), {}, None
+
+    def close(self) -> None:
+        """Ends the planner process (it also ends by itself when the scheduler's end of
+        the pipe closes)."""
+        for conn in (self._to, self._from):
+            if conn is not None:
+                conn.close()
+        self._to = self._from = None
+        if self._proc is not None:
+            self._proc.wait(timeout=10)
+            self._proc = None
+        self._dead = True
+
+
+WireMemo = dict[int, tuple[Any, str, float]]
+"""id(request) -> (the request, its rid, its queue entry time): the requests the planner
+was last sent, whose metadata it has."""
+
+
+def wire_requests(
+    waiting: Sequence, running: Sequence, memo: WireMemo
+) -> tuple[list[Wire], list, WireMemo]:
+    """The wire tuples of the tagged, unfinished requests (waiting first, in queue order),
+    with the metadata string only for requests not in ``memo``; the requests, in the same
+    order; and the memo of these."""
+    wires: list[Wire] = []
+    reqs: list = []
+    seen: WireMemo = {}
+    for queue, is_running in ((waiting, False), (running, True)):
+        for req in queue:
+            if req.finished():
+                continue
+            hit = memo.get(id(req))
+            if hit is not None and hit[0] is req:
+                _, rid, t = hit
+                raw = None
+            else:
+                raw = _raw(req)
+                if raw is None:
+                    continue  # untagged: SGLang's order
+                rid = req.rid
+                t = getattr(req.time_stats, "wait_queue_entry_time", 0.0)
+                hit = (req, rid, t)
+            seen[id(req)] = hit
+            out = req.output_ids
+            wires.append((rid, raw, t, is_running, len(out) if out else 0))
+            reqs.append(req)
+    return wires, reqs, seen
+
+
+def _raw(req: Any) -> str | None:
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    raw = params.get(KEY) if isinstance(params, Mapping) else None
+    return raw if isinstance(raw, str) else None
+
+
+def refill_indices(order: list[int], kept: list[int]) -> list[int]:
+    """``order`` with the positions of ``kept``'s members filled by ``kept``, in order."""
+    slots = set(kept)
+    it = iter(kept)
+    return [next(it) if i in slots else i for i in order]
+
+
+def _widen(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except OSError:
+        pass  # the kernel's default size: a large snapshot then waits for the planner
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    head = text.split(" on round ")[0]
+    if head not in _warned:
+        _warned.add(head)
+        logger.warning("%s (logged once)", text)
+
+
+# ============================================================================ planner side
+
+
+class WireReq:
+    """The planner's stand-in for an SGLang ``Req``: the attributes the adapter reads."""
+
+    __slots__ = ("rid", "sampling_params", "time_stats", "output_ids", "origin_input_ids")
+
+    def __init__(self, rid: str, raw: str) -> None:
+        self.rid = rid
+        self.sampling_params = SimpleNamespace(custom_params={KEY: raw})
+        self.time_stats = SimpleNamespace(wait_queue_entry_time=0.0)
+        self.output_ids: range = range(0)
+        self.origin_input_ids: tuple = ()
+
+    def finished(self) -> bool:
+        return False
+
+
+@dataclass
+class Remote(Controller):
+    """The controller in the planner process: the tree's answers (which prompts are
+    cached) and the server's sizes come from the scheduler instead of a cache."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.link = None  # one rank: the scheduler process has settled who plans
+        self.cache = True  # no cache here: its answers come with each snapshot
+        self.server: ServerSpec | None = None
+        self.device: list[str] = []
+        self.host: list[str] | None = None
+        self.reqs: dict[str, WireReq] = {}  # rid -> its stand-in, kept while it is sent
+        self.speakers: dict[str, Any] = {}
+
+    def exports(self) -> bool:
+        return False  # the scheduler's controller exports (and this process has no SGLang)
+
+    def _server_spec(self) -> ServerSpec:
+        assert self.server is not None, "the planner was not initialised"
+        return self.server
+
+    def _residency(self) -> tuple[list[str], list[str] | None]:
+        self.prompt_nodes = {a: a for a in self.device}  # ranks keyed by agent
+        return list(self.device), self.host
+
+    def _state(self, obs, now, observer=None):  # type: ignore[no-untyped-def]
+        self.speakers = obs.speakers
+        return super()._state(obs, now, observer)
+
+    def register(self, wires: Sequence[Wire]) -> None:
+        """Stand-ins for the requests whose metadata ``wires`` carry."""
+        for rid, raw, *_ in wires:
+            if raw is not None:
+                self.reqs[rid] = WireReq(rid, raw)
+
+    def requests(self, wires: Sequence[Wire]) -> tuple[list[WireReq], list[WireReq]]:
+        waiting, running = [], []
+        for rid, _, t, is_running, generated in wires:
+            req = self.reqs[rid]
+            req.time_stats.wait_queue_entry_time = t
+            if len(req.output_ids) != generated:
+                req.output_ids = range(generated)
+            (running if is_running else waiting).append(req)
+        return waiting, running
+
+    def plan_snapshot(self, seq: int, now: float, wires: Sequence[Wire], device, host) -> tuple:  # type: ignore[no-untyped-def]
+        """The plan for one snapshot, with requests named by their place in ``wires``: the
+        queue order of the unheld ones, the held ones, the agents' eviction ranks, and for
+        each agent new to the planner a request of its and its prompt length (the
+        scheduler reads the prompt's token ids from it)."""
+        start = time.thread_time()
+        self.device, self.host = device, host
+        waiting, running = self.requests(wires)
+        place = {id(r): i for i, r in enumerate((*waiting, *running))}
+        self.reqs = {r.rid: r for r in (*waiting, *running)}
+        known = set(self.prompt_ids)
+        planned = self.plan(waiting, running, now)
+        learn = {
+            a: (place[id(self.speakers[a])], self.prefix_tokens.get(a, 0))
+            for a in sorted(self.prompt_ids.keys() - known)
+            if id(self.speakers.get(a)) in place
+        }
+        order: list[int] = []
+        held: list[int] = []
+        if planned is not None:
+            queue, out = planned
+            held = [place[id(r)] for r in out]
+            order = [place[id(r)] for r in queue[: len(queue) - len(out)]]
+        ranks = dict(self.ranks) if planned is not None else {}
+        return ("plan", seq, order, held, ranks, learn, time.thread_time() - start)
+
+    def retract(self, seq: int, now: float, wires: Sequence[Wire]) -> tuple:
+        reqs = [WireReq(rid, raw or "") for rid, raw, *_ in wires]
+        for req, (_, _, t, _, generated) in zip(reqs, wires, strict=True):
+            req.time_stats.wait_queue_entry_time, req.output_ids = t, range(generated)
+        return ("retract", seq, [r.rid for r in self.keep_first(reqs, now)])
+
+    def finish(self, rid: str, raw: str) -> None:
+        self.stage_finished(WireReq(rid, raw))
+
+
+def serve(inp: Connection, out: Connection) -> None:
+    """The planner's loop: plans the newest snapshot of each batch of messages, applies
+    every finish signal in order, answers every retraction; ends when the pipe closes."""
+    kind, spec, server = inp.recv()
+    assert kind == "init", kind
+    remote = Remote(policy_spec=spec, budget_ms=0)
+    remote.server = server
+    idle_since = time.monotonic()
+    while True:
+        try:
+            if not inp.poll():
+                if time.monotonic() - idle_since < NAP_FOR_S:
+                    time.sleep(NAP_S)  # the scheduler's write then wakes nobody
+                    continue
+                inp.poll(None)
+            batch = [inp.recv()]
+            while inp.poll():
+                batch.append(inp.recv())
+        except (EOFError, OSError):
+            return
+        idle_since = time.monotonic()
+        last = max((i for i, m in enumerate(batch) if m[0] == "plan"), default=-1)
+        for i, msg in enumerate(batch):
+            try:
+                if msg[0] == "done":
+                    remote.finish(msg[1], msg[2])
+                elif msg[0] == "plan":
+                    remote.register(msg[3])
+                    if i == last:
+                        out.send(remote.plan_snapshot(*msg[1:]))
+                elif msg[0] == "retract":
+                    out.send(remote.retract(*msg[1:]))
+            except Exception as e:  # noqa: BLE001 - reported; the scheduler keeps its order
+                if msg[0] != "done":
+                    out.send(("error", msg[1], f"{type(e).__name__}: {e}"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="[topas planner] %(message)s")
+    inp = Connection(int(args[0]), writable=False)
+    out = Connection(int(args[1]), readable=False)
+    try:
+        serve(inp, out)
+    except (EOFError, BrokenPipeError):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
