@@ -114,8 +114,6 @@ def make_cache(
     ))  # fmt: skip
     controller = controller_of(cache)
     if controller is not None and offload:
-        from topas_sglang.offload import Offloaded
-
         controller = cache.tree_core.eviction_strategy.adopt(
             Offloaded(policy_spec=controller.policy_spec, key_factory=controller.key_factory)
         )
