@@ -67,10 +67,16 @@ SCHEDULES = ("lpm", "fcfs")
 
 
 def setup(  # type: ignore[no-untyped-def]
-    waiting: int, eviction: str, spare: int = 0, schedule: str = "lpm", kv_tokens: int = 400_000
+    waiting: int,
+    eviction: str,
+    spare: int = 0,
+    schedule: str = "lpm",
+    kv_tokens: int = 400_000,
+    offload: bool = False,
 ) -> tuple[Any, Any, list, Any, list]:
-    """(cache of ``kv_tokens``, SGLang's schedule policy (``schedule``), waiting requests,
-    running batch, ``spare`` more requests of new tasks to arrive later)."""
+    """(cache of ``kv_tokens`` (its TOPAS controller planning in a planner process:
+    ``offload``), SGLang's schedule policy (``schedule``), waiting requests, running batch,
+    ``spare`` more requests of new tasks to arrive later)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
@@ -80,7 +86,7 @@ def setup(  # type: ignore[no-untyped-def]
 
     inst = generate("metagpt-sop", num_tasks=waiting + RUNNING + spare, seed=5, load=1.0)
     prompts = prefix_ids(inst)
-    cache = make_cache(eviction, kv_tokens, 512)
+    cache = make_cache(eviction, kv_tokens, 512, offload=offload)
     for ids in prompts.values():
         insert_prompt(cache, ids)
     reqs = [payload_req(stage_payload(inst, t, t.topo_order[0], prompts)) for t in inst.tasks]
@@ -120,20 +126,13 @@ def measure(
 
     spare = rounds + 20 if kind == "churn" else 0
     cache, policy, queue, running, arrivals = setup(
-        waiting, "lru" if spec is None else "topas", spare, schedule
+        waiting, "lru" if spec is None else "topas", spare, schedule, offload=offload
     )
     junk = bytearray(flush_mb << 20)
     for i, req in enumerate(arrivals):  # they join the queue after the first ones
         req.time_stats.wait_queue_entry_time = 1.0 + RUNNING + waiting + i
     controller = controller_of(cache)
     plan_cpu: list[float] = []
-    if controller is not None and offload:
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-
-        from topas_sglang.offload import Offloaded
-
-        strategy = cache.tree_core.eviction_strategy
-        controller = strategy.adopt(Offloaded(policy_spec=spec, key_factory=RadixKey))
     if controller is not None:
         controller.policy_spec, controller.budget_ms = spec, budget_ms
         plan_cpu = _timed(controller)
@@ -322,6 +321,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def add_planning(
+    header: list[str],
+    body: list[list],
+    rows: Sequence[dict[str, Any]],
+    at: int,
+    planner: dict[str, Callable[[dict[str, Any]], str]],
+) -> None:
+    """Adds a ``planning`` column at ``at`` (where each row planned) and, at the end, the
+    ``planner`` columns (filled only for rows planned in a planner process)."""
+    header[at:at] = ["planning"]
+    header += list(planner)
+    for line, r in zip(body, rows, strict=True):
+        line[at:at] = ["planner process" if r["offload"] else "in the scheduler"]
+        line += [cell(r) if r["offload"] else "" for cell in planner.values()]
+
+
 def summary_md(
     rows: Sequence[dict[str, Any]],
     command: str,
@@ -341,12 +356,11 @@ def summary_md(
         for r in rows
     ]  # fmt: skip
     if offload:
-        header[3:3] = ["planning"]
-        header += ["planner per plan (ms CPU)", "rounds sent", "lag (rounds)"]
-        for line, r in zip(body, rows, strict=True):
-            line[3:3] = ["planner process" if r["offload"] else "in the scheduler"]
-            line += ([f"{r['planner_ms']:.3f}", f"{100 * r['sent']:.0f}%", f"{r['lag']:.2f}"]
-                     if r["offload"] else ["", "", ""])  # fmt: skip
+        add_planning(header, body, rows, 3, {
+            "planner per plan (ms CPU)": lambda r: f"{r['planner_ms']:.3f}",
+            "rounds sent": lambda r: f"{100 * r['sent']:.0f}%",
+            "lag (rounds)": lambda r: f"{r['lag']:.2f}",
+        })  # fmt: skip
     if schedule == "lpm":
         under = (
             "(SGLang's lpm ordering included); SGLang's lpm alone: the same call without "
@@ -403,12 +417,10 @@ def replay_md(rows: Sequence[dict[str, Any]], offload: bool = False) -> str:
         for r in rows
     ]  # fmt: skip
     if offload:
-        header[2:2] = ["planning"]
-        header += ["planner per plan (ms CPU)", "lag (rounds)"]
-        for line, r in zip(body, rows, strict=True):
-            line[2:2] = ["planner process" if r["offload"] else "in the scheduler"]
-            line += ([f"{r['planner_ms']:.3f}", f"{r['lag']:.2f}"] if r["offload"]
-                     else ["", ""])  # fmt: skip
+        add_planning(header, body, rows, 2, {
+            "planner per plan (ms CPU)": lambda r: f"{r['planner_ms']:.3f}",
+            "lag (rounds)": lambda r: f"{r['lag']:.2f}",
+        })  # fmt: skip
     return "\n".join([
         "",
         "## Replays: the cost per round as SGLang calls it",

@@ -41,11 +41,18 @@ def metadata(req: Any) -> StageMeta:
     A request carries the same string at every scheduling round: it is decoded once, and
     the stages of one task share one :class:`~topas.instance.Task` (its analyses are cached
     on it; :func:`~topas.workflow_metadata.decode` builds it once per task)."""
+    raw = raw_metadata(req)
+    if raw is None:  # decode raises the reason
+        return decode(getattr(getattr(req, "sampling_params", None), "custom_params", None))
+    return _decode_raw(raw)
+
+
+def raw_metadata(req: Any) -> str | None:
+    """``req``'s TOPAS metadata string as the client sent it, undecoded; None if it has
+    none (or not a string)."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
     raw = params.get(KEY) if isinstance(params, Mapping) else None
-    if not isinstance(raw, str):
-        return decode(params)  # raises the reason
-    return _decode_raw(raw)
+    return raw if isinstance(raw, str) else None
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -188,9 +188,8 @@ class CpuLoop:
             hooks.clock = saved
         controller = controller_of(self.cache)
         self.result.stats = getattr(controller, "stats", None)
-        close = getattr(controller, "close", None)
-        if close is not None:  # an offloaded controller's planner process
-            close()
+        if isinstance(controller, Offloaded):  # its planner process ends
+            controller.close()
         return self.result
 
     def _run(self) -> None:

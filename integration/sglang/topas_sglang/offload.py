@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
@@ -47,7 +47,8 @@ from typing import Any
 
 from topas.instance import ServerSpec
 from topas.workflow_metadata import KEY
-from topas_sglang.controller import REPLAN_S, Controller
+from topas_sglang.adapter import queued_at, raw_metadata
+from topas_sglang.controller import REPLAN_S, Controller, refill
 
 logger = logging.getLogger("topas_sglang")
 
@@ -177,7 +178,7 @@ class Offloaded(Controller):
     # ------------------------------------------------------------------ signals
 
     def stage_finished(self, req: Any) -> None:
-        raw = _raw(req)
+        raw = raw_metadata(req)
         if raw is None:
             return
         self.stats.finished += 1
@@ -204,7 +205,7 @@ class Offloaded(Controller):
         if kept is None:
             return order
         index = {r.rid: i for i, r in enumerate(reqs)}
-        out = refill_indices(order, [index[rid] for rid in kept if rid in index])
+        out = refill(order, [index[rid] for rid in kept if rid in index], key=int)
         self.stats.retraction_orders += 1
         self.export()
         return out
@@ -361,30 +362,17 @@ def wire_requests(
                 _, rid, t = hit
                 raw = None
             else:
-                raw = _raw(req)
+                raw = raw_metadata(req)
                 if raw is None:
                     continue  # untagged: SGLang's order
                 rid = req.rid
-                t = getattr(req.time_stats, "wait_queue_entry_time", 0.0)
+                t = queued_at(req)  # as the synchronous controller reads it
                 hit = (req, rid, t)
             seen[id(req)] = hit
             out = req.output_ids
             wires.append((rid, raw, t, is_running, len(out) if out else 0))
             reqs.append(req)
     return wires, reqs, seen
-
-
-def _raw(req: Any) -> str | None:
-    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    raw = params.get(KEY) if isinstance(params, Mapping) else None
-    return raw if isinstance(raw, str) else None
-
-
-def refill_indices(order: list[int], kept: list[int]) -> list[int]:
-    """``order`` with the positions of ``kept``'s members filled by ``kept``, in order."""
-    slots = set(kept)
-    it = iter(kept)
-    return [next(it) if i in slots else i for i in order]
 
 
 def _widen(fd: int) -> None:
