@@ -66,6 +66,14 @@ SCHEDULES = ("lpm", "fcfs")
 """SGLang's schedule policies the bench runs the plugin under (``--schedule``)."""
 
 
+def bench_instance(tasks: int):  # type: ignore[no-untyped-def]
+    """The bench's workload: ``tasks`` metagpt-sop tasks (:func:`setup` queues their first
+    stages)."""
+    from topas.workloads import generate
+
+    return generate("metagpt-sop", num_tasks=tasks, seed=5, load=1.0)
+
+
 def setup(  # type: ignore[no-untyped-def]
     waiting: int,
     eviction: str,
@@ -81,10 +89,9 @@ def setup(  # type: ignore[no-untyped-def]
     from sglang.srt.managers.schedule_policy import SchedulePolicy
 
     from topas.serve_bench import prefix_ids, stage_payload
-    from topas.workloads import generate
     from topas_sglang.cpu_loop import insert_prompt, make_cache, payload_req
 
-    inst = generate("metagpt-sop", num_tasks=waiting + RUNNING + spare, seed=5, load=1.0)
+    inst = bench_instance(waiting + RUNNING + spare)
     prompts = prefix_ids(inst)
     cache = make_cache(eviction, kv_tokens, 512, offload=offload)
     for ids in prompts.values():

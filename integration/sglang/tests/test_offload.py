@@ -79,6 +79,63 @@ def test_the_planner_plans_what_the_scheduler_would_round_after_round(bench, spe
         off.close()
 
 
+@pytest.mark.parametrize("spec", ["topas-greedy", "topas"])
+def test_the_plan_for_a_predicted_finish_is_the_schedulers_once_it_finishes(bench, spec):
+    # A plan is made at a change and applied until the next one, which in a decoding batch
+    # is a request finishing: its successor is queued and its KV freed. So the planner
+    # also plans for that round, as predicted (next_round). Here the batch's first request
+    # is 3 decode steps from its (exactly predicted) length, the others further. The
+    # queue as it is gets the snapshot's own plan; after the three steps, the finish
+    # signal and the client's request for the next stage, the scheduler's own controller
+    # plans that round afresh, and the offloaded one applies its prediction: the same
+    # order and hold-backs, where the snapshot's own plan would give another. Not queuing
+    # the next stage in the prediction, or not switching to it, fails it (the prediction's
+    # arithmetic: test_next_round.py).
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+    from topas.serve_bench import prefix_ids, stage_payload
+    from topas_sglang.cpu_loop import payload_req
+
+    waiting = 12
+    cache, _, queue, batch, _ = bench.setup(waiting, "lru", 0, "fcfs", kv_tokens=KV)
+    inst = bench.bench_instance(waiting + bench.RUNNING)
+    first, now = batch.reqs[0], 300.0
+    first.output_ids.extend([0] * (first.sampling_params.max_new_tokens - 3))
+    sync, off = _controllers(spec)
+    try:
+        assert sync.plan_round(cache, list(queue), batch.reqs, now) is not None
+        off.plan_round(cache, list(queue), batch.reqs, now)
+        assert off.settle()
+        plan = off._plan
+        assert plan.ending == (first,) and plan.branch is not None
+        still = off.plan_round(cache, [*queue[1:], queue[0]], batch.reqs, now)
+        assert off.stats.ahead == 0 and sorted(map(id, still)) == sorted(map(id, queue))
+        for _ in range(3):
+            for req in batch.reqs:
+                req.output_ids.append(0)
+        first.finished_reason = FINISH_LENGTH(length=len(first.output_ids))
+        batch.reqs.remove(first)
+        for c in (sync, off):
+            c.stage_finished(first)
+        tid, sid = first.rid.split("/", 1)
+        task = inst.task_by_id[tid]
+        nexts = [payload_req(stage_payload(inst, task, c, prefix_ids(inst)))
+                 for c in task.children[sid]]  # fmt: skip
+        assert nexts
+        for req in nexts:
+            req.time_stats.wait_queue_entry_time = now
+        round_after = [*queue, *nexts]
+        want = sync.plan_round(cache, round_after, batch.reqs, now)
+        got = off.plan_round(cache, round_after, batch.reqs, now)
+        assert off.stats.ahead == 1
+        assert [r.rid for r in got] == [r.rid for r in want]
+        assert off.held_rids == sync.held_rids
+        stale, _, _ = off._arrange(round_after, plan, hold=True)
+        assert [r.rid for r in stale] != [r.rid for r in want]  # it has teeth
+    finally:
+        off.close()
+
+
 def test_a_plan_one_round_old_orders_what_it_knew_and_leaves_the_rest(bench, caplog):
     # The planner answered round 1; at round 2 two requests have joined the queue. They
     # keep their places (SGLang's order), the ones the plan ranked follow its order around
@@ -137,11 +194,14 @@ def test_a_planner_that_dies_leaves_sglangs_order_from_then_on(bench, caplog):
     assert caplog.text.count("planner process unavailable") == 1
 
 
-def test_offload_must_be_true_or_false():
+def test_offload_and_lookahead_must_be_true_or_false():
     from topas_sglang.retention import TopasRetention
 
     with pytest.raises(ValueError, match="offload: true or false expected"):
         TopasRetention(offload="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lookahead: true or false expected"):
+        TopasRetention(offload=True, lookahead=1)  # type: ignore[arg-type]
+    assert not TopasRetention(offload=True, lookahead=False).controller.lookahead
 
 
 def test_a_replay_with_the_planner_process_completes_and_repeats_itself():

@@ -40,7 +40,7 @@ import re
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,7 @@ class Stats:
     planner_s: float = 0.0  # CPU seconds the planner process spent on them
     lag: int = 0  # changed rounds between a snapshot and its plan's arrival, summed (0:
     # the plan came back before the next changed round, which applies it)
+    ahead: int = 0  # rounds that applied the planner's plan for a predicted finish
 
     def line(self) -> str:
         """One log line (``topas stats: key=value ...``), which the live bench reads."""
@@ -98,7 +99,7 @@ class Stats:
             f"malformed={self.malformed} finished={self.finished} "
             f"reappeared={self.reappeared} over_budget={self.over_budget} "
             f"followed={self.followed} plans={self.plans} "
-            f"planner_s={self.planner_s:.6f} lag={self.lag} "
+            f"planner_s={self.planner_s:.6f} lag={self.lag} ahead={self.ahead} "
             f"decide_s={self.decide_s:.6f} "
             f"decide_ms_per_call={per_round:.4f}"
         )
@@ -169,8 +170,8 @@ class Controller:
         self._noted: dict[str, Any] = {}  # task -> its Task, once its agents are noted
         self._needs: dict[tuple[str, str], int] = {}  # stage -> its KV need (_need_rule)
         self._needs_for: frozenset[tuple[str, int]] = frozenset()  # the prompt lengths then
-        self._policy: Policy | None = None
-        self._policy_agents: frozenset[tuple[str, int]] = frozenset()
+        self._policies: dict[str, tuple[Policy, frozenset[tuple[str, int]]]] = {}  # stream ->
+        # its policy and the agents' prompt lengths it was built for (_policy_for)
         self._server: ServerSpec | None = None
         self._last_key: tuple = ()  # what the last plan saw, when, and what it said
         self._last_at = -math.inf
@@ -240,6 +241,12 @@ class Controller:
         None when no request carries TOPAS metadata."""
         obs = observe(waiting, running, self.releases, self._memo)
         self._note_finished(obs)
+        return self.plan_observed(obs, waiting, running, now)
+
+    def plan_observed(
+        self, obs: Observation, waiting: list, running: Sequence, now: float
+    ) -> tuple[list, list] | None:
+        """:meth:`plan` for the round ``obs`` observed (``waiting`` and ``running``)."""
         if not obs.requests:
             self.ranks = {}  # no workflow in flight: no prompt has a known next use
             return None
@@ -376,9 +383,16 @@ class Controller:
         for d in (self.finished, self.releases, self.task_size, self._noted):
             d.pop(tid, None)
 
-    def _state(self, obs: Observation, now: float, observer: Observer | None = None) -> State:
+    def _state(
+        self,
+        obs: Observation,
+        now: float,
+        observer: Observer | None = None,
+        finished: Mapping[str, set[str]] | None = None,
+    ) -> State:
         """The State of this round, built by ``observer`` (default: the rounds' own, which
-        changes its state in place from round to round)."""
+        changes its state in place from round to round), with the stages ``finished``
+        (default: those SGLang signalled finished)."""
         for agent, req in obs.speakers.items():
             if agent not in self.prompt_ids:  # the agent's prompt: its requests' first ids
                 n = obs.prefix_tokens[agent]
@@ -396,6 +410,7 @@ class Controller:
                 self.prefix_tokens.setdefault(x.agent, 0)
         server = self._server_spec()
         resident, on_host = self._residency()
+        done = self.finished if finished is None else finished
         return (observer or self.observer).state(
             server,
             self.prefix_tokens,
@@ -403,7 +418,7 @@ class Controller:
             resident,
             now,
             self._need_rule(tasks, server.kv_capacity_tokens),
-            {tid: done for tid, done in self.finished.items() if tid in tasks},
+            {tid: stages for tid, stages in done.items() if tid in tasks},
             on_host=on_host,
         )
 
@@ -477,15 +492,18 @@ class Controller:
                 host.append(agent)
         return device, (host if hicache else None)
 
-    def _policy_for(self, state: State) -> Policy:
-        """The policy, rebuilt when an agent appears or its prompt length changes (the
+    def _policy_for(self, state: State, stream: str = "rounds") -> Policy:
+        """The policy of a stream of states (``rounds``: the rounds' own; another name for
+        states of another kind, which keep their own policy, its incremental analyses and
+        its service model), rebuilt when an agent appears or its prompt length changes (the
         policy's tables are per agent)."""
         agents = frozenset((a, p.tokens) for a, p in state.prefixes.items())
-        if self._policy is None or agents != self._policy_agents:
-            self._policy = make_policy(self.policy_spec)
-            self._policy.reset(PolicyContext(server=self._server_spec(), timing="calibrated"))
-            self._policy_agents = agents
-        return self._policy
+        policy, known = self._policies.get(stream, (None, frozenset()))
+        if policy is None or agents != known:
+            policy = make_policy(self.policy_spec)
+            policy.reset(PolicyContext(server=self._server_spec(), timing="calibrated"))
+            self._policies[stream] = (policy, agents)
+        return policy
 
     def _set_ranks(self, policy: Policy, state: State, decision: Decision) -> None:
         """Eviction ranks of the agents' prompt nodes: those the decision evicts first

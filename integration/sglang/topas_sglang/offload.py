@@ -14,6 +14,17 @@ With ``{"offload": true}`` in ``--radix-eviction-policy-config`` the scheduler k
    its snapshot) and untagged ones keep their places; the ones it holds go to the tail,
    unless nothing runs and the plan would admit none of them.
 
+A plan made at a change is applied until the next one. In a batch that only decodes, the
+next change is a request finishing: its KV is freed, and its task's next stage arrives,
+so the scheduler's own controller would then admit by a state the snapshot did not show.
+So with :attr:`Offloaded.lookahead` (the default) the planner answers each snapshot with
+two plans: one for the queue as it is, and one for the round after the predicted finish
+(:func:`next_round`: the running requests fewest decode steps from their predicted
+lengths finish, their tasks' ready stages are queued), in which those stages are named by
+(task, stage). The scheduler applies the second once a request predicted to finish has
+finished (:meth:`Plan.now`); a request it does not know is then ranked, or held, by its
+stage (its metadata read once).
+
 The planner process (``python -m topas_sglang.offload``, started at the first round)
 keeps a :class:`Remote` controller, the synchronous :class:`~topas_sglang.controller.Controller`
 with the tree's answers and the server's sizes given to it: the same observation, State,
@@ -25,29 +36,34 @@ unplanned, so it never waits on the pipe, and a retraction (rare) asks the plann
 waits for its answer for :data:`RETRACT_WAIT_S` at most, else SGLang's order stands.
 
 The planner sees the requests as the scheduler saw them, so its decisions are what the
-synchronous controller would decide on the same round: determinism and the TP rule
+synchronous controller would decide on the same round (the predicted one's, on the round
+predicted, when the prediction holds): determinism and the TP rule
 (rank 0 plans, the other ranks take its order) are unchanged. If the planner process
 dies, every later round keeps SGLang's order and the failure is logged once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
+import pickle
+import select
 import subprocess
 import sys
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
 from typing import Any
 
-from topas.instance import ServerSpec
-from topas.workflow_metadata import KEY
-from topas_sglang.adapter import queued_at, raw_metadata
+from topas.instance import ServerSpec, StageRef
+from topas.observe import Observer, Request
+from topas.workflow_metadata import KEY, MetadataError
+from topas_sglang.adapter import Observation, metadata, observe, queued_at, raw_metadata
 from topas_sglang.controller import REPLAN_S, Controller, refill
 
 logger = logging.getLogger("topas_sglang")
@@ -82,6 +98,33 @@ class Plan:
     held: frozenset[int]  # id(request) of those held back
     ranks: dict[str, tuple]  # agent -> its prompt's eviction rank
     cpu_s: float  # the planner's CPU time for it
+    ahead: dict[StageRef, int] = dataclasses.field(default_factory=dict)  # a stage the
+    # planner predicts to be queued (lookahead) -> its place in the order
+    ahead_held: frozenset[StageRef] = frozenset()  # ... those of them held back
+    ending: tuple = ()  # requests predicted to finish at the snapshot's forward pass ...
+    branch: Plan | None = None  # ... and the plan for the round after it if they did
+    # (lookahead; the same eviction ranks)
+
+    def now(self) -> Plan:
+        """The plan for the queue as it is now: :attr:`branch` once a request of
+        :attr:`ending` has finished (the forward pass was the decode step predicted)."""
+        if self.branch is not None and any(r.finished() for r in self.ending):
+            return self.branch
+        return self
+
+
+def plan_of(seq: int, reqs: list, order: list, held: list, ranks: dict, cpu_s: float) -> Plan:
+    """The :class:`Plan` of a planner's answer, whose ``order`` and ``held`` name requests
+    by their place in ``reqs`` or, predicted ones, by their (task, stage)."""
+    rank, ahead = {}, {}
+    for k, x in enumerate(order):
+        if x.__class__ is int:
+            rank[id(reqs[x])] = k
+        else:
+            ahead[tuple(x)] = k
+    out = frozenset(id(reqs[x]) for x in held if x.__class__ is int)
+    later = frozenset(tuple(x) for x in held if x.__class__ is not int)
+    return Plan(seq, reqs, rank, out, ranks, cpu_s, ahead, later)
 
 
 @dataclass
@@ -90,10 +133,13 @@ class Offloaded(Controller):
     process (see the module docstring). The time budget does not apply: the scheduler's
     share of a round is a pass over the queue."""
 
+    lookahead: bool = True  # the planner plans for the round its plan is applied in
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._to: Connection | None = None  # scheduler -> planner
         self._from: Connection | None = None
+        self._ready: Any = None  # a select.poll() on the planner's end of the pipe
         self._proc: subprocess.Popen | None = None
         self._dead = False
         self._wired: WireMemo = {}  # the requests of the last snapshot (the planner has
@@ -106,6 +152,8 @@ class Offloaded(Controller):
         self._plan: Plan | None = None
         self._fresh = False  # a plan arrived since the order was last applied
         self._early: list[tuple] = []  # finish signals before the planner started
+        self._refs: dict[int, tuple[Any, StageRef | None]] = {}  # id(request) -> (it,
+        # its stage): requests the plan did not know, read since the last snapshot
 
     # ------------------------------------------------------------------ rounds
 
@@ -142,6 +190,7 @@ class Offloaded(Controller):
         device, host = self._residency()
         self._seq += 1
         self._snapshot = (self._seq, reqs)
+        self._refs = {}
         self._sent_at = self._changed
         self.stats.rounds += 1
         self._post(("plan", self._seq, now, wires, device, host))
@@ -152,18 +201,11 @@ class Offloaded(Controller):
         self._fresh = False
         if plan is None:
             return None
-        rank, held = plan.rank, plan.held
-        keep, out = [], []
-        for r in waiting:
-            (out if id(r) in held else keep).append(r)
-        slots = [i for i, r in enumerate(keep) if id(r) in rank]
-        if out and not running and not slots:  # hold nothing while the server would idle
-            keep, out, slots = waiting, [], [i for i, r in enumerate(waiting) if id(r) in rank]
-        order = list(keep)
-        ranked = sorted((keep[i] for i in slots), key=lambda r: rank[id(r)])
-        for i, r in zip(slots, ranked, strict=True):
-            order[i] = r
-        order += out
+        plan = plan.now()
+        self.stats.ahead += plan is not self._plan
+        order, out, ranked = self._arrange(waiting, plan, hold=True)
+        if out and not running and not ranked:  # hold nothing while the server would idle
+            order, out, ranked = self._arrange(waiting, plan, hold=False)
         self.held_rids = frozenset(r.rid for r in out)
         self.stats.held += len(out)
         self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
@@ -174,6 +216,51 @@ class Offloaded(Controller):
             else {}  # the plan saw no workflow in flight
         )
         return order
+
+    def _arrange(self, waiting: list, plan: Plan, hold: bool) -> tuple[list, list, int]:
+        """(``waiting`` with the requests ``plan`` ranks in its order among their own
+        places and, with ``hold``, those it holds at the tail; the held; how many it
+        ranked). A request the snapshot did not have is ranked or held by its stage when
+        the plan predicted that stage (lookahead)."""
+        rank, held, ahead = plan.rank, plan.held, plan.ahead or plan.ahead_held
+        keep, out, ranked = [], [], []  # ranked: (place in the plan, place in keep)
+        for r in waiting:
+            i = id(r)
+            k = rank.get(i)
+            if k is None:
+                if i in held:
+                    if hold:
+                        out.append(r)
+                        continue
+                elif ahead:  # not in the snapshot: a stage the plan predicted?
+                    ref = self._ref_of(r)
+                    if ref in plan.ahead_held:
+                        if hold:
+                            out.append(r)
+                            continue
+                    else:
+                        k = plan.ahead.get(ref)  # type: ignore[arg-type]
+            if k is not None:
+                ranked.append((k, len(keep)))
+            keep.append(r)
+        order = list(keep)
+        slots = [j for _, j in ranked]
+        ranked.sort()
+        for slot, (_, j) in zip(slots, ranked, strict=True):
+            order[slot] = keep[j]
+        return order + out, out, len(ranked)
+
+    def _ref_of(self, req: Any) -> StageRef | None:
+        """``req``'s (task, stage), None if it has no TOPAS metadata (read once)."""
+        hit = self._refs.get(id(req))
+        if hit is not None and hit[0] is req:
+            return hit[1]
+        try:
+            ref = metadata(req).ref if raw_metadata(req) is not None else None
+        except MetadataError:
+            ref = None
+        self._refs[id(req)] = (req, ref)
+        return ref
 
     # ------------------------------------------------------------------ signals
 
@@ -239,7 +326,9 @@ class Offloaded(Controller):
         os.close(from_child[1])
         self._to = Connection(to_child[1], readable=False)
         self._from = Connection(from_child[0], writable=False)
-        self._to.send(("init", self.policy_spec, self._server_spec()))
+        self._ready = select.poll()  # one poll(2) call per check (Connection.poll builds
+        self._ready.register(from_child[0], select.POLLIN)  # a selector each time)
+        self._to.send(("init", self.policy_spec, self._server_spec(), self.lookahead))
         for msg in self._early:
             self._to.send(msg)
         self._early = []
@@ -247,7 +336,7 @@ class Offloaded(Controller):
     def _post(self, msg: tuple) -> None:
         try:
             assert self._to is not None
-            self._to.send(msg)
+            self._to.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))  # as send()
         except (OSError, EOFError, AssertionError) as e:
             self._died(e)
 
@@ -255,7 +344,7 @@ class Offloaded(Controller):
         """Takes every message the planner has sent, keeping the newest plan."""
         conn = self._from
         try:
-            while conn is not None and conn.poll():
+            while conn is not None and self._ready.poll(0):  # readable, or the planner gone
                 self._take(conn.recv())
         except (OSError, EOFError) as e:
             self._died(e)
@@ -263,12 +352,15 @@ class Offloaded(Controller):
     def _take(self, msg: tuple) -> Any:
         kind = msg[0]
         if kind == "plan":
-            _, seq, order, held, ranks, learn, cpu_s = msg
+            _, seq, order, held, ranks, learn, branch, cpu_s = msg
             sent, reqs = self._snapshot
             if seq == sent:  # else a plan for a snapshot before the last: none is sent so
-                self._adopt(Plan(seq, reqs, {id(reqs[i]): k for k, i in enumerate(order)},
-                                 frozenset(id(reqs[i]) for i in held), ranks, cpu_s),
-                            learn)  # fmt: skip
+                plan = plan_of(seq, reqs, order, held, ranks, cpu_s)
+                if branch is not None:
+                    ending, order, held = branch
+                    plan.ending = tuple(reqs[i] for i in ending)
+                    plan.branch = plan_of(seq, reqs, order, held, ranks, 0.0)
+                self._adopt(plan, learn)
             self._acked = max(self._acked, seq)
         elif kind == "retract":
             self._acked = max(self._acked, msg[1])
@@ -425,6 +517,8 @@ class Remote(Controller):
         self.host: list[str] | None = None
         self.reqs: dict[str, WireReq] = {}  # rid -> its stand-in, kept while it is sent
         self.speakers: dict[str, Any] = {}
+        self.lookahead = True  # also plan for the round after the snapshot (plan_ahead)
+        self.ahead_observer = Observer(self.observer.stamps)  # that round's states
 
     def exports(self) -> bool:
         return False  # the scheduler's controller exports (and this process has no SGLang)
@@ -437,9 +531,9 @@ class Remote(Controller):
         self.prompt_nodes = {a: a for a in self.device}  # ranks keyed by agent
         return list(self.device), self.host
 
-    def _state(self, obs, now, observer=None):  # type: ignore[no-untyped-def]
+    def _state(self, obs, now, observer=None, finished=None):  # type: ignore[no-untyped-def]
         self.speakers = obs.speakers
-        return super()._state(obs, now, observer)
+        return super()._state(obs, now, observer, finished)
 
     def register(self, wires: Sequence[Wire]) -> None:
         """Stand-ins for the requests whose metadata ``wires`` carry."""
@@ -461,27 +555,59 @@ class Remote(Controller):
         """The plan for one snapshot, with requests named by their place in ``wires``: the
         queue order of the unheld ones, the held ones, the agents' eviction ranks, and for
         each agent new to the planner a request of its and its prompt length (the
-        scheduler reads the prompt's token ids from it)."""
+        scheduler reads the prompt's token ids from it). With :attr:`lookahead` the plan
+        is the decision for the round after the snapshot (:func:`next_round`), and the
+        stages it predicts to be queued then are named by their (task, stage) instead."""
         start = time.thread_time()
         self.device, self.host = device, host
         waiting, running = self.requests(wires)
         place = {id(r): i for i, r in enumerate((*waiting, *running))}
         self.reqs = {r.rid: r for r in (*waiting, *running)}
         known = set(self.prompt_ids)
-        planned = self.plan(waiting, running, now)
+        obs = observe(waiting, running, self.releases, self._memo)
+        self._note_finished(obs)
+        planned = self.plan_observed(obs, waiting, running, now)
         learn = {
             a: (place[id(self.speakers[a])], self.prefix_tokens.get(a, 0))
             for a in sorted(self.prompt_ids.keys() - known)
             if id(self.speakers.get(a)) in place
         }
-        order: list[int] = []
-        held: list[int] = []
-        if planned is not None:
-            queue, out = planned
-            held = [place[id(r)] for r in out]
-            order = [place[id(r)] for r in queue[: len(queue) - len(out)]]
-        ranks = dict(self.ranks) if planned is not None else {}
-        return ("plan", seq, order, held, ranks, learn, time.thread_time() - start)
+        if planned is None:
+            return ("plan", seq, [], [], {}, learn, None, time.thread_time() - start)
+        name = lambda r: r if r.__class__ is tuple else place[id(r)]  # noqa: E731
+        queue, out = planned
+        order = [name(r) for r in queue[: len(queue) - len(out)]]
+        held = [name(r) for r in out]
+        branch = None
+        if self.lookahead:
+            ahead = self.plan_ahead(obs, waiting, now)
+            if ahead is not None:
+                ending, queue, out = ahead
+                branch = ([name(r) for r in ending], [name(r) for r in queue],
+                          [name(r) for r in out])  # fmt: skip
+        ranks = dict(self.ranks)
+        return ("plan", seq, order, held, ranks, learn, branch, time.thread_time() - start)
+
+    def plan_ahead(self, obs: Observation, waiting: list, now: float) -> tuple | None:
+        """The plan for the round after ``obs``'s if its forward pass is a decode step
+        (:func:`next_round`), or None if no request is predicted to finish in it: (the
+        running stand-ins predicted to finish, the queue order, the held). Members are
+        stand-ins or, for stages predicted to be queued, their (task, stage); the unheld
+        order is the decision's admissions, then the other queued stand-ins in their
+        order. The eviction ranks and hold-backs stay the snapshot's own plan's. Predicted
+        states have a policy of their own (an ``ahead`` stream): the rounds' policy keeps
+        its incremental analyses, and its service model learns real finishes only."""
+        ahead, finished, ending = next_round(obs, self.finished, now)
+        if not ending:
+            return None
+        state = self._state(ahead, now, self.ahead_observer, finished)
+        decision = self._policy_for(state, "ahead").decide(state)  # its own stream
+        member = lambda ref: obs.reqs.get(ref, ref)  # noqa: E731
+        admit = [member(ref) for ref in decision.admit]
+        held = [member(ref) for ref in decision.held]
+        taken = {id(r) for r in (*admit, *held)}
+        queue = admit + [r for r in waiting if id(r) not in taken]
+        return [obs.reqs[r.task.id, r.stage] for r in ending], queue, held
 
     def retract(self, seq: int, now: float, wires: Sequence[Wire]) -> tuple:
         reqs = [WireReq(rid, raw or "") for rid, raw, *_ in wires]
@@ -493,13 +619,56 @@ class Remote(Controller):
         self.stage_finished(WireReq(rid, raw))
 
 
+def next_round(
+    obs: Observation, finished: Mapping[str, set[str]], now: float
+) -> tuple[Observation, dict[str, set[str]], list[Request]]:
+    """``obs`` as predicted at the next round that finds a request finished, if the batch
+    only decodes until then (a plan made at a change is applied until the next one): the
+    running requests that are the fewest decode steps from their predicted output length
+    finish, the others decode as many tokens; each stage of a finished request's task
+    whose dependencies have then all finished, and that has no request yet, is queued at
+    ``now``; a task with every stage finished leaves. Returns that observation (requests
+    and tasks changed, the rest ``obs``'s), the finished stages then (``finished`` is not
+    changed) and the requests predicted to finish (none: no running request is short of
+    its predicted length)."""
+    left = {id(r): r.task.stage_by_id[r.stage].output_tokens - r.generated
+            for r in obs.requests if r.running}  # fmt: skip
+    steps = min((n for n in left.values() if n > 0), default=0)
+    if not steps:
+        return obs, dict(finished), []
+    done = dict(finished)
+    requests: list[Request] = []
+    ending: list[Request] = []
+    for r in obs.requests:
+        if r.running:
+            if left[id(r)] == steps:
+                tid = r.task.id
+                done[tid] = {*done.get(tid, ()), r.stage}
+                ending.append(r)
+                continue
+            r = dataclasses.replace(r, generated=r.generated + steps)
+        requests.append(r)
+    tasks = dict(obs.tasks)
+    for r in ending:
+        task, gone = r.task, done[r.task.id]
+        if len(gone) >= len(task.stages):
+            tasks.pop(task.id, None)
+            continue
+        for x in task.stages:
+            ref = (task.id, x.id)
+            if x.id not in gone and ref not in obs.reqs and gone.issuperset(x.deps):
+                if not any(q.task.id == task.id and q.stage == x.id for q in requests):
+                    requests.append(Request(task, x.id, r.release, now))
+    return dataclasses.replace(obs, requests=requests, tasks=tasks), done, ending
+
+
 def serve(inp: Connection, out: Connection) -> None:
     """The planner's loop: plans the newest snapshot of each batch of messages, applies
     every finish signal in order, answers every retraction; ends when the pipe closes."""
-    kind, spec, server = inp.recv()
+    kind, spec, server, lookahead = inp.recv()
     assert kind == "init", kind
     remote = Remote(policy_spec=spec, budget_ms=0)
-    remote.server = server
+    remote.server, remote.lookahead = server, lookahead
     idle_since = time.monotonic()
     while True:
         try:

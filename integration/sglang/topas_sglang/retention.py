@@ -23,7 +23,8 @@ configured with ``--radix-eviction-policy topas``, and optionally
 ``--radix-eviction-policy-config '{"policy": "topas-greedy:horizon=2", "budget_ms": 1.0}'``
 (a TOPAS policy spec, the default ``controller.DEFAULT_POLICY``; the mean planning time per
 round, the default ``controller.DEFAULT_BUDGET_MS``), and ``"offload": true`` to plan in a
-process of its own, off the scheduler's thread (:mod:`topas_sglang.offload`).
+process of its own, off the scheduler's thread (:mod:`topas_sglang.offload`), there also
+for the round after the next predicted finish unless ``"lookahead": false``.
 """
 
 from __future__ import annotations
@@ -56,15 +57,18 @@ class TopasRetention(EvictionStrategy):
         policy: str = DEFAULT_POLICY,
         budget_ms: float = DEFAULT_BUDGET_MS,
         offload: bool = False,
+        lookahead: bool = True,
     ) -> None:
-        if not isinstance(offload, bool):
-            raise ValueError(f"offload: true or false expected, got {offload!r}")
-        kind = Controller
+        for name, value in (("offload", offload), ("lookahead", lookahead)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}: true or false expected, got {value!r}")
         if offload:
             from topas_sglang.offload import Offloaded
 
-            kind = Offloaded
-        self.adopt(kind(policy_spec=policy, budget_ms=budget_ms, key_factory=RadixKey))
+            self.adopt(Offloaded(policy_spec=policy, budget_ms=budget_ms,
+                                 key_factory=RadixKey, lookahead=lookahead))  # fmt: skip
+        else:
+            self.adopt(Controller(policy_spec=policy, budget_ms=budget_ms, key_factory=RadixKey))
 
     def adopt(self, controller: Controller) -> Controller:
         """Make ``controller`` this strategy's (and the process's active one)."""
