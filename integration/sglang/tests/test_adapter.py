@@ -13,7 +13,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from topas.instance import Stage, Task  # noqa: E402
 from topas.workflow_metadata import encode  # noqa: E402
-from topas_sglang.adapter import observe  # noqa: E402
+from topas_sglang.adapter import observe, stage_ref  # noqa: E402
 
 TASK = Task(
     "t0",
@@ -50,3 +50,5 @@ def test_tagged_untagged_and_malformed_requests():
     assert set(releases) == {"t0"}
     # the request's own queue time, on SGLang's clock
     assert obs.requests[0].queued_at == pytest.approx(b.time_stats.scheduler_recv_time)
+    # a request's stage as observe reads it; None for the untagged and the malformed
+    assert [stage_ref(r) for r in (b, c, plain, broken)] == [("t0", "b"), ("t0", "c"), None, None]

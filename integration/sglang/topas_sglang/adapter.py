@@ -170,6 +170,15 @@ def observe(
     return obs
 
 
+def stage_ref(req: Any) -> tuple[str, str] | None:
+    """``req``'s (task, stage); None if it has no TOPAS metadata or malformed metadata
+    (decoded once, as :func:`metadata`)."""
+    if raw_metadata(req) is None:
+        return None
+    meta = _metadata_or_error(req)
+    return None if isinstance(meta, MetadataError) else meta.ref
+
+
 def _metadata_or_error(req: Any) -> StageMeta | MetadataError:
     try:
         return metadata(req)

@@ -23,7 +23,7 @@ two plans: one for the queue as it is, and one for the round after the predicted
 lengths finish, their tasks' ready stages are queued), in which those stages are named by
 (task, stage). The scheduler applies the second once a request predicted to finish has
 finished (:meth:`Plan.now`); a request it does not know is then ranked, or held, by its
-stage (its metadata read once).
+stage (:func:`~topas_sglang.adapter.stage_ref`).
 
 The planner process (``python -m topas_sglang.offload``, started at the first round)
 keeps a :class:`Remote` controller, the synchronous :class:`~topas_sglang.controller.Controller`
@@ -62,8 +62,8 @@ from typing import Any
 
 from topas.instance import ServerSpec, StageRef
 from topas.observe import Observer, Request
-from topas.workflow_metadata import KEY, MetadataError
-from topas_sglang.adapter import Observation, metadata, observe, queued_at, raw_metadata
+from topas.workflow_metadata import KEY
+from topas_sglang.adapter import Observation, observe, queued_at, raw_metadata, stage_ref
 from topas_sglang.controller import REPLAN_S, Controller, refill
 
 logger = logging.getLogger("topas_sglang")
@@ -152,8 +152,6 @@ class Offloaded(Controller):
         self._plan: Plan | None = None
         self._fresh = False  # a plan arrived since the order was last applied
         self._early: list[tuple] = []  # finish signals before the planner started
-        self._refs: dict[int, tuple[Any, StageRef | None]] = {}  # id(request) -> (it,
-        # its stage): requests the plan did not know, read since the last snapshot
 
     # ------------------------------------------------------------------ rounds
 
@@ -190,7 +188,6 @@ class Offloaded(Controller):
         device, host = self._residency()
         self._seq += 1
         self._snapshot = (self._seq, reqs)
-        self._refs = {}
         self._sent_at = self._changed
         self.stats.rounds += 1
         self._post(("plan", self._seq, now, wires, device, host))
@@ -233,7 +230,7 @@ class Offloaded(Controller):
                         out.append(r)
                         continue
                 elif ahead:  # not in the snapshot: a stage the plan predicted?
-                    ref = self._ref_of(r)
+                    ref = stage_ref(r)
                     if ref in plan.ahead_held:
                         if hold:
                             out.append(r)
@@ -249,18 +246,6 @@ class Offloaded(Controller):
         for slot, (_, j) in zip(slots, ranked, strict=True):
             order[slot] = keep[j]
         return order + out, out, len(ranked)
-
-    def _ref_of(self, req: Any) -> StageRef | None:
-        """``req``'s (task, stage), None if it has no TOPAS metadata (read once)."""
-        hit = self._refs.get(id(req))
-        if hit is not None and hit[0] is req:
-            return hit[1]
-        try:
-            ref = metadata(req).ref if raw_metadata(req) is not None else None
-        except MetadataError:
-            ref = None
-        self._refs[id(req)] = (req, ref)
-        return ref
 
     # ------------------------------------------------------------------ signals
 
@@ -649,6 +634,7 @@ def next_round(
             r = dataclasses.replace(r, generated=r.generated + steps)
         requests.append(r)
     tasks = dict(obs.tasks)
+    queued = set(obs.reqs)  # every stage with a request (obs's, and those queued here)
     for r in ending:
         task, gone = r.task, done[r.task.id]
         if len(gone) >= len(task.stages):
@@ -656,9 +642,9 @@ def next_round(
             continue
         for x in task.stages:
             ref = (task.id, x.id)
-            if x.id not in gone and ref not in obs.reqs and gone.issuperset(x.deps):
-                if not any(q.task.id == task.id and q.stage == x.id for q in requests):
-                    requests.append(Request(task, x.id, r.release, now))
+            if x.id not in gone and ref not in queued and gone.issuperset(x.deps):
+                queued.add(ref)
+                requests.append(Request(task, x.id, r.release, now))
     return dataclasses.replace(obs, requests=requests, tasks=tasks), done, ending
 
 
