@@ -5,9 +5,11 @@ Each workload is replayed through SGLang's real ``SchedulePolicy`` (lpm), the sc
 order, with the calibrated timing model in place of the GPU
 (``integration/sglang/topas_sglang/cpu_loop.py``). It is replayed twice: with SGLang as it
 ships (``lru`` eviction: every plugin hook passes SGLang's result through), then with
-``--radix-eviction-policy topas`` (the plugin's default policy), and with ``--offload`` a
-third time with the plugin planning in a planner process (``{"offload": true}``; the
-replay gives the planner each iteration's time, so every plan is applied one round late).
+``--radix-eviction-policy topas`` (the plugin's default policy) planning in the scheduler
+(``{"offload": false}``: this loop charges nothing for planning time, so it shows what the
+decisions do), and with ``--offload`` a third time with the plugin planning in a planner
+process (``{"offload": true}``, the plugin's default in a server; the replay gives the
+planner each iteration's time, so every plan is applied one round late).
 Needs SGLang: run it in ``.venv-sglang``.
 
     .venv-sglang/bin/python analysis/sglang_in_the_loop.py [--workloads ...]

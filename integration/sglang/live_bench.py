@@ -120,6 +120,7 @@ def live_run(  # type: ignore[no-untyped-def]
         "bench_s": round(runtime, 1),
         "rounds": stats.get("rounds"),
         "decide_ms_per_call": stats.get("decide_ms_per_call"),
+        "decide_cpu_ms_per_call": stats.get("decide_cpu_ms_per_call"),
         "held": stats.get("held"),
         "fallbacks": stats.get("fallbacks"),
         "over_budget": stats.get("over_budget"),
@@ -137,8 +138,8 @@ def simulated(inst: Instance, policy: str) -> tuple[float, float]:
 def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
     header = [
         "workload", "seed", "policy", "loop", "live mean / p99 (s)", "simulated mean / p99 (s)",
-        "live / simulated (mean)", "plugin ms per call", "rounds", "over budget", "held",
-        "fallbacks", "planner ms per plan",
+        "live / simulated (mean)", "plugin ms per call", "plugin CPU ms per call", "rounds",
+        "over budget", "held", "fallbacks", "planner ms per plan",
     ]  # fmt: skip
     body = []
     for r in rows:
@@ -149,6 +150,8 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
             f"{r['sim_mean_jct']:.2f} / {r['sim_p99_jct']:.2f}",
             f"{r['live_mean_jct'] / r['sim_mean_jct']:.2f}",
             "-" if ms is None else f"{ms:.2f}",
+            "-" if r.get("decide_cpu_ms_per_call") is None
+            else f"{r['decide_cpu_ms_per_call']:.2f}",
             "-" if r["rounds"] is None else int(r["rounds"]),
             "-" if r["over_budget"] is None else int(r["over_budget"]),
             "-" if r["held"] is None else int(r["held"]),
@@ -165,8 +168,11 @@ def summary_md(rows: Sequence[dict[str, Any]], command: str) -> str:
         "JCTs in seconds of wall clock. Simulated: the calibrated simulator on the same "
         "instance with the matching policy (`lru` -> `fcfs`). The plugin's counters are its "
         "last `topas stats` log line (at powers of two and every 20 planned rounds; "
-        "`-`: no TOPAS). `topas-offload`: `topas` planning in a planner process "
-        "(`topas_sglang.offload`); its `plugin ms per call` is the scheduler's share, "
+        "`-`: no TOPAS); `plugin ms per call` is wall clock per planned round, `plugin CPU "
+        "ms per call` the scheduler thread's CPU time in it (`time.thread_time`; the rest "
+        "is time the thread waited for a CPU). `topas-offload`: `topas` planning in a "
+        "planner process (`topas_sglang.offload`); its `plugin ms per call` is the "
+        "scheduler's share per snapshot sent, "
         "`planner ms per plan` the planner's CPU time per plan.",
         "",
         md_table(header, body),

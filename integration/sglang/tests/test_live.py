@@ -122,7 +122,8 @@ def test_server_command_runs_every_policy_on_the_python_tree_core():
     cmd = topas.command()
     assert cmd[cmd.index("--radix-eviction-policy") + 1] == "topas"
     assert json.loads(cmd[cmd.index("--radix-eviction-policy-config") + 1]) == {
-        "policy": "topas:aging=0"
+        "policy": "topas:aging=0",
+        "offload": False,  # said either way: the plugin's default is the planner process
     }
     assert "--disable-overlap-schedule" in cmd
     assert cmd[cmd.index("--max-total-tokens") + 1] == "2048"
@@ -171,6 +172,8 @@ def test_quick_live_bench_serves_every_task_in_the_real_server(tmp_path):
     topas = rows["topas"]  # the plugin planned rounds in SGLang's own loop, without error
     assert float(topas["rounds"]) > 0 and float(topas["fallbacks"]) == 0
     assert math.isfinite(float(topas["decide_ms_per_call"]))
+    cpu_ms, wall_ms = float(topas["decide_cpu_ms_per_call"]), float(topas["decide_ms_per_call"])
+    assert 0 < cpu_ms <= wall_ms + 0.01  # the scheduler thread's CPU, within its wall clock
     assert rows["lru"]["rounds"] == ""  # SGLang alone: no TOPAS counters
     assert {r["seed"] for r in rows.values()} == {"20"}  # a reporting seed
 
@@ -193,6 +196,8 @@ def test_chunked_requests_are_never_taken_for_finished_and_counters_reach_metric
         tmp_path, extra_args=("--chunked-prefill-size", "64")
     )
     assert exported["topas:plan_rounds_total"] > 0
+    cpu, wall = exported["topas:plan_cpu_seconds_total"], exported["topas:plan_seconds_total"]
+    assert 0 < cpu <= wall + 1e-3  # the scheduler thread's CPU, within the wall clock
     assert exported["topas:reappeared_total"] == 0 and "topas:held_requests_total" in exported
     text = server.log_path.read_text(errors="replace")
     assert "chunked_prefill_size': 64" in text  # the server really chunked
@@ -244,8 +249,9 @@ def test_a_stats_line_reads_back_from_a_log():
     # Stats.line writes the counters the benches read back with stats_from_log
     from topas_sglang.controller import Stats, stats_from_log
 
-    stats = Stats(rounds=5, held=2, over_budget=1, decide_s=0.25)
+    stats = Stats(rounds=5, held=2, over_budget=1, decide_s=0.25, decide_cpu_s=0.1)
     log = f"[2026-12-01] INFO {Stats().line()}\nother\n[2026-12-01] INFO {stats.line()}\n"
     got = stats_from_log(log)
     assert got["rounds"] == 5 and got["held"] == 2 and got["over_budget"] == 1
-    assert got["decide_ms_per_call"] == 50.0 and stats_from_log("no such line\n") == {}
+    assert got["decide_ms_per_call"] == 50.0 and got["decide_cpu_ms_per_call"] == 20.0
+    assert stats_from_log("no such line\n") == {}

@@ -75,6 +75,8 @@ def test_the_planner_plans_what_the_scheduler_would_round_after_round(bench, spe
         assert moved  # TOPAS reordered SGLang's queue: the comparison has teeth
         assert off.stats.plans == 8 and off.stats.fallbacks == 0
         assert off.stats.planner_s > 0 and off.stats.finished == 8
+        for st in (sync.stats, off.stats):  # the scheduler thread's CPU, within its wall
+            assert 0 < st.decide_cpu_s <= st.decide_s + 1e-3, st
     finally:
         off.close()
 

@@ -27,8 +27,9 @@ from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 
 from topas_sglang import controller as controller_mod  # noqa: E402
 from topas_sglang.adapter import observe  # noqa: E402
-from topas_sglang.controller import queue_order  # noqa: E402
+from topas_sglang.controller import Controller, queue_order  # noqa: E402
 from topas_sglang.hooks import TopasPrefillAdder  # noqa: E402
+from topas_sglang.offload import Offloaded  # noqa: E402
 from topas_sglang.plugin import VersionError, check_version  # noqa: E402
 from topas_sglang.retention import TopasRetention, controller_of  # noqa: E402
 
@@ -128,6 +129,10 @@ def test_the_documented_flags_parse_and_configure_the_plugin():
     strategy = get_eviction_strategy(args.radix_eviction_policy, args.radix_eviction_policy_config)
     assert isinstance(strategy, TopasRetention)
     assert strategy.controller.policy_spec == "topas-greedy:horizon=2"
+    # planning in a planner process by default (started at the first round, not here);
+    # "offload": false plans in the scheduler's thread
+    assert isinstance(strategy.controller, Offloaded) and strategy.controller.lookahead
+    assert type(get_eviction_strategy("topas", {"offload": False}).controller) is Controller
     with pytest.raises(PolicySpecError, match="horizn"):  # a typo stops the server at start
         get_eviction_strategy("topas", {"policy": "topas-greedy:horizn=2"})
 

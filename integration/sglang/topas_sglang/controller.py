@@ -77,7 +77,9 @@ class Stats:
     held: int = 0  # requests held back, summed over rounds
     retraction_orders: int = 0
     fallbacks: int = 0  # rounds that fell back to SGLang's order after an error
-    decide_s: float = 0.0  # seconds inside plan_round / retraction_order
+    decide_s: float = 0.0  # seconds inside plan_round / retraction_order (wall clock)
+    decide_cpu_s: float = 0.0  # ... of the scheduler thread's CPU (time.thread_time):
+    # what TOPAS took from the scheduler, without the waits for a CPU that others hold
     malformed: int = 0  # sightings (per planned round) of requests whose metadata failed
     finished: int = 0  # SGLang's finish signals for tagged requests
     reappeared: int = 0  # stages signalled finished, then seen queued or running again
@@ -91,7 +93,7 @@ class Stats:
 
     def line(self) -> str:
         """One log line (``topas stats: key=value ...``), which the live bench reads."""
-        per_round = 1e3 * self.decide_s / max(1, self.rounds + self.retraction_orders)
+        calls = max(1, self.rounds + self.retraction_orders)
         return (
             f"topas stats: rounds={self.rounds} reused={self.reused} "
             f"reordered={self.reordered} held={self.held} "
@@ -101,7 +103,9 @@ class Stats:
             f"followed={self.followed} plans={self.plans} "
             f"planner_s={self.planner_s:.6f} lag={self.lag} ahead={self.ahead} "
             f"decide_s={self.decide_s:.6f} "
-            f"decide_ms_per_call={per_round:.4f}"
+            f"decide_ms_per_call={1e3 * self.decide_s / calls:.4f} "
+            f"decide_cpu_s={self.decide_cpu_s:.6f} "
+            f"decide_cpu_ms_per_call={1e3 * self.decide_cpu_s / calls:.4f}"
         )
 
 
@@ -188,7 +192,7 @@ class Controller:
     def plan_round(self, cache: Any, waiting: list, running: Sequence, now: float) -> list | None:
         """The waiting queue in TOPAS's order (same members), or None when no request
         carries TOPAS metadata. Sets :attr:`held_rids` and :attr:`ranks`."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         self._earn()
         key = (tuple(map(id, waiting)), tuple(map(id, running)), cache.evictable_size(),
                cache.protected_size())  # fmt: skip
@@ -212,6 +216,7 @@ class Controller:
         self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
         spent = time.perf_counter() - start
         self.stats.decide_s += spent
+        self.stats.decide_cpu_s += time.thread_time() - cpu
         self.credit -= spent
         self.export()
         self.log_stats(self.stats.rounds)
@@ -314,7 +319,7 @@ class Controller:
         retraction order."""
         if self.cache is None:  # no round planned yet: nothing known about the tree
             return order
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         kept = self.keep_first(reqs, now)
         if not kept:
             return order
@@ -322,6 +327,7 @@ class Controller:
         out = refill(order, [index[id(r)] for r in kept], key=int)
         self.stats.retraction_orders += 1
         self.stats.decide_s += time.perf_counter() - start
+        self.stats.decide_cpu_s += time.thread_time() - cpu
         self.export()
         return out
 

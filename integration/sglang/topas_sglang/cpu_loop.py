@@ -53,7 +53,7 @@ from topas.instance import Instance, StageRef
 from topas.serve_bench import prefix_ids, stage_payload
 from topas.timing import iteration_s, linear_cost
 from topas_sglang import hooks
-from topas_sglang.controller import Stats
+from topas_sglang.controller import Controller, Stats
 from topas_sglang.offload import Offloaded
 from topas_sglang.retention import controller_of
 
@@ -113,9 +113,10 @@ def make_cache(
         tree_core_backend=backend,
     ))  # fmt: skip
     controller = controller_of(cache)
-    if controller is not None and offload:
+    if controller is not None and offload is not isinstance(controller, Offloaded):
+        kind = Offloaded if offload else Controller  # not the strategy's default
         controller = cache.tree_core.eviction_strategy.adopt(
-            Offloaded(policy_spec=controller.policy_spec, key_factory=controller.key_factory)
+            kind(policy_spec=controller.policy_spec, key_factory=controller.key_factory)
         )
     if controller is not None and budget_ms is not None:
         controller.budget_ms = budget_ms

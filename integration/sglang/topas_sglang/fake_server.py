@@ -51,7 +51,8 @@ class FakeServer(Service):
     time_scale: float = 1.0  # TOPAS_FAKE_TIME_SCALE
     noise: float = 0.0  # TOPAS_FAKE_NOISE
     seed: int = 0
-    offload: bool = False  # TOPAS plans in a planner process (topas_sglang.offload)
+    offload: bool = False  # TOPAS plans in a planner process (topas_sglang.offload; the
+    # plugin's default), or in the scheduler (False); passed to the server either way
     extra_args: tuple[str, ...] = ()
 
     error = FakeServerError
@@ -86,7 +87,7 @@ class FakeServer(Service):
             cmd += ["--radix-eviction-policy", self.policy]
         else:
             cmd += ["--radix-eviction-policy", "topas"]
-            config = {"policy": self.policy, **({"offload": True} if self.offload else {})}
+            config = {"policy": self.policy, "offload": self.offload}
             cmd += ["--radix-eviction-policy-config", json.dumps(config)]
         if not self.overlap:
             cmd.append("--disable-overlap-schedule")

@@ -6,7 +6,11 @@ When metrics are enabled, each controller exports its :class:`~topas_sglang.cont
 as counters, brought up to date after every planned round, finish signal and fallback:
 
 - ``topas:plan_rounds_total``: rounds planned afresh;
-- ``topas:plan_seconds_total``: seconds spent planning (rounds and retraction orders);
+- ``topas:plan_seconds_total``: seconds spent planning (rounds and retraction orders),
+  wall clock;
+- ``topas:plan_cpu_seconds_total``: the same, in CPU seconds of the scheduler's thread
+  (``time.thread_time``): what planning took from the scheduler, without the time it
+  waited for a CPU that other processes held;
 - ``topas:held_requests_total``: requests held back, summed over rounds;
 - ``topas:fallbacks_total``: rounds that fell back to SGLang's own order after an error;
 - ``topas:over_budget_rounds_total``: rounds that kept SGLang's order because the
@@ -22,6 +26,10 @@ from typing import Any
 COUNTERS = {
     "rounds": ("topas:plan_rounds_total", "TOPAS rounds planned afresh"),
     "decide_s": ("topas:plan_seconds_total", "Seconds TOPAS spent planning"),
+    "decide_cpu_s": (
+        "topas:plan_cpu_seconds_total",
+        "CPU seconds of the scheduler's thread TOPAS spent planning",
+    ),
     "held": ("topas:held_requests_total", "Requests TOPAS held back, summed over rounds"),
     "fallbacks": ("topas:fallbacks_total", "Rounds that fell back to SGLang's order"),
     "over_budget": ("topas:over_budget_rounds_total", "Rounds over TOPAS's time budget"),

@@ -1,7 +1,8 @@
 """Planning off the scheduler's thread: a planner process runs the controller's plans.
 
-With ``{"offload": true}`` in ``--radix-eviction-policy-config`` the scheduler keeps an
-:class:`Offloaded` controller. At a scheduling round it only
+By default (``"offload"`` in ``--radix-eviction-policy-config``,
+:data:`~topas_sglang.retention.DEFAULT_OFFLOAD`) the scheduler keeps an :class:`Offloaded`
+controller. At a scheduling round it only
 
 1. writes a *snapshot* of the round to a pipe, when the queue, the batch or the tree
    changed (or :data:`~topas_sglang.controller.REPLAN_S` passed): per tagged request a
@@ -156,7 +157,7 @@ class Offloaded(Controller):
     # ------------------------------------------------------------------ rounds
 
     def plan_round(self, cache: Any, waiting: list, running: Sequence, now: float) -> list | None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         self.cache = cache
         running = self.in_flight(waiting, running)
         # The queue as a set: the order the last plan gave it, which SGLang's stable sort
@@ -178,6 +179,7 @@ class Offloaded(Controller):
         order = self._apply(waiting, running)
         self._last_order = order
         self.stats.decide_s += time.perf_counter() - start
+        self.stats.decide_cpu_s += time.thread_time() - cpu
         self.export()
         return order
 
@@ -265,7 +267,7 @@ class Offloaded(Controller):
     def retraction_order(self, reqs: Sequence, order: list[int], now: float) -> list[int]:
         if self._plan is None or self._link() is None:  # no plan yet: nothing known
             return order
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         wires, _, _ = wire_requests((), reqs, {})
         if not wires:
             return order
@@ -274,6 +276,7 @@ class Offloaded(Controller):
         self._post(("retract", seq, now, wires))
         kept = self._await_retraction(seq)
         self.stats.decide_s += time.perf_counter() - start
+        self.stats.decide_cpu_s += time.thread_time() - cpu
         if kept is None:
             return order
         index = {r.rid: i for i, r in enumerate(reqs)}

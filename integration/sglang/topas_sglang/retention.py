@@ -22,9 +22,11 @@ Each strategy owns the :class:`~topas_sglang.controller.Controller` of its sched
 configured with ``--radix-eviction-policy topas``, and optionally
 ``--radix-eviction-policy-config '{"policy": "topas-greedy:horizon=2", "budget_ms": 1.0}'``
 (a TOPAS policy spec, the default ``controller.DEFAULT_POLICY``; the mean planning time per
-round, the default ``controller.DEFAULT_BUDGET_MS``), and ``"offload": true`` to plan in a
-process of its own, off the scheduler's thread (:mod:`topas_sglang.offload`), there also
-for the round after the next predicted finish unless ``"lookahead": false``.
+round, the default ``controller.DEFAULT_BUDGET_MS``, which applies when planning in the
+scheduler). By default (:data:`DEFAULT_OFFLOAD`) the plans are made in a process of
+their own, off the scheduler's thread (:mod:`topas_sglang.offload`), there also for the
+round after the next predicted finish unless ``"lookahead": false``; ``"offload": false``
+plans in the scheduler's own thread.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ from topas_sglang.controller import DEFAULT_BUDGET_MS, DEFAULT_POLICY, Controlle
 
 NAME = "topas"
 """The eviction-policy name (``--radix-eviction-policy topas``)."""
+
+DEFAULT_OFFLOAD = True
+"""Plan in a planner process (``"offload"``). Chosen on 2026-12-04 from the live bench
+(the real server on the CPU, fake model) on tuning seeds 1000 and 1001: the offloaded
+plugin's mean JCT was 1-9% below the synchronous one's in all four cells, its scheduler
+share 0.23-0.34 ms of CPU per planned round against 0.98-1.33 ms. On a machine whose
+CPUs other work holds it was behind (5-14%, 2026-12-03): ``"offload": false`` there
+(``integration/sglang/README.md``, "Planning off the scheduler's thread")."""
 
 _active: weakref.ref[Controller] | None = None
 
@@ -56,7 +66,7 @@ class TopasRetention(EvictionStrategy):
         self,
         policy: str = DEFAULT_POLICY,
         budget_ms: float = DEFAULT_BUDGET_MS,
-        offload: bool = False,
+        offload: bool = DEFAULT_OFFLOAD,
         lookahead: bool = True,
     ) -> None:
         for name, value in (("offload", offload), ("lookahead", lookahead)):
