@@ -1,4 +1,4 @@
-"""The tables in docs/topas.md agree with the committed summaries they cite.
+"""The docs' tables (docs/topas.md, the plugin README's live one) agree with their summaries.
 
 Each study writes ``summary.md`` and ``config.json``; the ones behind the docs live in
 ``docs/results/``. These tests read a table in the docs and the summary it comes from
@@ -267,3 +267,26 @@ def test_load12_table_matches_its_summary(topas_md: str) -> None:
         for cell, name in zip(row[1:], names, strict=True):
             col = 2 + policies.index(name)
             assert numbers(cell) == [float(m[row[0]][col]) for m in by_metric], (row[0], name)
+
+
+def test_plugin_live_offload_table_matches_its_summaries() -> None:
+    # integration/sglang/README.md: the live-bench table behind the offloaded default.
+    # A row whose first cell links a summary starts a group of rows from that summary.
+    readme = DOCS.parent / "integration" / "sglang" / "README.md"
+    rows = table(readme.read_text(), "| seeds | workload | seed | `topas` | `topas-offload`")
+    assert len(rows) == 12
+    live: dict[tuple[str, str, str], list[str]] = {}
+    for row in rows:
+        link = re.search(r"\(\.\./\.\./(docs/results/[\w/]+/summary\.md)\)", row[0])
+        if link:
+            summary = (DOCS.parent / link.group(1)).read_text()
+            live = {
+                (r[0], r[1], r[2].strip("`")): r
+                for r in table(summary, "| workload | seed | policy | loop |")
+            }
+        workload, seed = row[1], row[2]
+        for policy, cell in (("topas", row[3]), ("topas-offload", row[4]), ("lru", row[5])):
+            got = live[(workload, seed, policy)]  # live mean / p99, then ... CPU ms per call
+            assert numbers(cell) == numbers(got[4])[:1], (workload, seed, policy)
+        cpu = [numbers(live[(workload, seed, p)][8])[0] for p in ("topas", "topas-offload")]
+        assert numbers(row[6]) == cpu, (workload, seed)

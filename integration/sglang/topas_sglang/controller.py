@@ -126,7 +126,8 @@ a short run logs its counters too)."""
 
 DEFAULT_BUDGET_MS = 1.0
 """The plugin's mean planning time per scheduling round, in ms (``budget_ms`` in
-``--radix-eviction-policy-config``; 0 turns the budget off). 1 ms is about 15% of the
+``--radix-eviction-policy-config``; 0 turns the budget off), when it plans in the
+scheduler (``"offload": false``; the offloaded default has no budget). 1 ms is about 15% of the
 shortest decode iteration of the calibrated Llama-3-8B/H100 profile (6.9 ms at a batch of
 8 with 2,000-token contexts; 13 ms at 64; ``docs/calibration.md``) and about half of what
 SGLang's own lpm ordering takes at 100 waiting requests on this project's 2-core CPU."""
