@@ -91,6 +91,14 @@ class Stats:
     # the plan came back before the next changed round, which applies it)
     ahead: int = 0  # rounds that applied the planner's plan for a predicted finish
 
+    def charge(self, since: tuple[float, float]) -> float:
+        """Adds the wall clock and the thread's CPU time since ``since`` (:func:`clocks`)
+        to :attr:`decide_s` and :attr:`decide_cpu_s`; the wall seconds."""
+        wall = time.perf_counter() - since[0]
+        self.decide_s += wall
+        self.decide_cpu_s += time.thread_time() - since[1]
+        return wall
+
     def line(self) -> str:
         """One log line (``topas stats: key=value ...``), which the live bench reads."""
         calls = max(1, self.rounds + self.retraction_orders)
@@ -107,6 +115,11 @@ class Stats:
             f"decide_cpu_s={self.decide_cpu_s:.6f} "
             f"decide_cpu_ms_per_call={1e3 * self.decide_cpu_s / calls:.4f}"
         )
+
+
+def clocks() -> tuple[float, float]:
+    """(wall clock, this thread's CPU time) now, for :meth:`Stats.charge`."""
+    return time.perf_counter(), time.thread_time()
 
 
 STATS_LINE = re.compile(r"topas stats: (.*)$", re.MULTILINE)
@@ -193,7 +206,7 @@ class Controller:
     def plan_round(self, cache: Any, waiting: list, running: Sequence, now: float) -> list | None:
         """The waiting queue in TOPAS's order (same members), or None when no request
         carries TOPAS metadata. Sets :attr:`held_rids` and :attr:`ranks`."""
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = clocks()
         self._earn()
         key = (tuple(map(id, waiting)), tuple(map(id, running)), cache.evictable_size(),
                cache.protected_size())  # fmt: skip
@@ -215,10 +228,7 @@ class Controller:
         self.stats.rounds += 1
         self.stats.held += len(held)
         self.stats.reordered += any(a is not b for a, b in zip(order, waiting, strict=True))
-        spent = time.perf_counter() - start
-        self.stats.decide_s += spent
-        self.stats.decide_cpu_s += time.thread_time() - cpu
-        self.credit -= spent
+        self.credit -= self.stats.charge(start)
         self.export()
         self.log_stats(self.stats.rounds)
         return order
@@ -320,15 +330,14 @@ class Controller:
         retraction order."""
         if self.cache is None:  # no round planned yet: nothing known about the tree
             return order
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = clocks()
         kept = self.keep_first(reqs, now)
         if not kept:
             return order
         index = {id(r): i for i, r in enumerate(reqs)}
         out = refill(order, [index[id(r)] for r in kept], key=int)
         self.stats.retraction_orders += 1
-        self.stats.decide_s += time.perf_counter() - start
-        self.stats.decide_cpu_s += time.thread_time() - cpu
+        self.stats.charge(start)
         self.export()
         return out
 

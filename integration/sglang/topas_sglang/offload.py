@@ -65,7 +65,7 @@ from topas.instance import ServerSpec, StageRef
 from topas.observe import Observer, Request
 from topas.workflow_metadata import KEY
 from topas_sglang.adapter import Observation, observe, queued_at, raw_metadata, stage_ref
-from topas_sglang.controller import REPLAN_S, Controller, refill
+from topas_sglang.controller import REPLAN_S, Controller, clocks, refill
 
 logger = logging.getLogger("topas_sglang")
 
@@ -157,7 +157,7 @@ class Offloaded(Controller):
     # ------------------------------------------------------------------ rounds
 
     def plan_round(self, cache: Any, waiting: list, running: Sequence, now: float) -> list | None:
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = clocks()
         self.cache = cache
         running = self.in_flight(waiting, running)
         # The queue as a set: the order the last plan gave it, which SGLang's stable sort
@@ -178,8 +178,7 @@ class Offloaded(Controller):
             self._send_snapshot(waiting, running, now)
         order = self._apply(waiting, running)
         self._last_order = order
-        self.stats.decide_s += time.perf_counter() - start
-        self.stats.decide_cpu_s += time.thread_time() - cpu
+        self.stats.charge(start)
         self.export()
         return order
 
@@ -267,7 +266,7 @@ class Offloaded(Controller):
     def retraction_order(self, reqs: Sequence, order: list[int], now: float) -> list[int]:
         if self._plan is None or self._link() is None:  # no plan yet: nothing known
             return order
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = clocks()
         wires, _, _ = wire_requests((), reqs, {})
         if not wires:
             return order
@@ -275,8 +274,7 @@ class Offloaded(Controller):
         seq = self._seq
         self._post(("retract", seq, now, wires))
         kept = self._await_retraction(seq)
-        self.stats.decide_s += time.perf_counter() - start
-        self.stats.decide_cpu_s += time.thread_time() - cpu
+        self.stats.charge(start)
         if kept is None:
             return order
         index = {r.rid: i for i, r in enumerate(reqs)}
