@@ -269,12 +269,13 @@ def test_load12_table_matches_its_summary(topas_md: str) -> None:
             assert numbers(cell) == [float(m[row[0]][col]) for m in by_metric], (row[0], name)
 
 
-def test_plugin_live_offload_table_matches_its_summaries() -> None:
-    # integration/sglang/README.md: the live-bench table behind the offloaded default.
-    # A row whose first cell links a summary starts a group of rows from that summary.
+def _live_groups(header_start: str, n: int):  # type: ignore[no-untyped-def]
+    """The rows of a live-bench table of the plugin README (``n`` of them), each with the
+    rows of the summary it comes from, by (workload, seed, policy): a row whose first
+    cell links a summary starts a group of rows from that summary."""
     readme = DOCS.parent / "integration" / "sglang" / "README.md"
-    rows = table(readme.read_text(), "| seeds | workload | seed | `topas` | `topas-offload`")
-    assert len(rows) == 12
+    rows = table(readme.read_text(), header_start)
+    assert len(rows) == n
     live: dict[tuple[str, str, str], list[str]] = {}
     for row in rows:
         link = re.search(r"\(\.\./\.\./(docs/results/[\w/]+/summary\.md)\)", row[0])
@@ -284,9 +285,30 @@ def test_plugin_live_offload_table_matches_its_summaries() -> None:
                 (r[0], r[1], r[2].strip("`")): r
                 for r in table(summary, "| workload | seed | policy | loop |")
             }
-        workload, seed = row[1], row[2]
-        for policy, cell in (("topas", row[3]), ("topas-offload", row[4]), ("lru", row[5])):
-            got = live[(workload, seed, policy)]  # live mean / p99, then ... CPU ms per call
-            assert numbers(cell) == numbers(got[4])[:1], (workload, seed, policy)
-        cpu = [numbers(live[(workload, seed, p)][8])[0] for p in ("topas", "topas-offload")]
-        assert numbers(row[6]) == cpu, (workload, seed)
+        yield row, live
+
+
+def _check_live_means(row: list[str], live: dict, policies: tuple[str, ...]) -> None:  # type: ignore[type-arg]
+    """Columns 3 on of ``row`` are the live mean JCTs of ``policies``."""
+    workload, seed = row[1], row[2]
+    for policy, cell in zip(policies, row[3:], strict=False):
+        got = live[(workload, seed, policy)]  # live mean / p99, then ... CPU ms per call
+        assert numbers(cell) == numbers(got[4])[:1], (workload, seed, policy)
+
+
+def test_plugin_live_offload_table_matches_its_summaries() -> None:
+    # integration/sglang/README.md: the live-bench table behind the offloaded default.
+    policies = ("topas", "topas-offload", "lru")
+    for row, live in _live_groups("| seeds | workload | seed | `topas` | `topas-offload`", 12):
+        _check_live_means(row, live, policies)
+        cpu = [numbers(live[(row[1], row[2], p)][8])[0] for p in policies[:2]]
+        assert numbers(row[6]) == cpu, (row[1], row[2])
+
+
+def test_plugin_live_scorer_table_matches_its_summaries() -> None:
+    # integration/sglang/README.md: the live-bench table behind the default scorer.
+    policies = ("topas-greedy-offload", "topas-offload", "lru")
+    for row, live in _live_groups("| seeds | workload | seed | `topas-greedy` | `topas` |", 8):
+        _check_live_means(row, live, policies)
+        planner = [numbers(live[(row[1], row[2], p)][13])[0] for p in policies[:2]]
+        assert numbers(row[6]) == planner, (row[1], row[2])

@@ -7,8 +7,8 @@ the Python radix-tree core for every policy), replays the instance against it
 (``topas serve-bench``: one HTTP request per stage, sent when its dependencies finish)
 and stops it. Policies: ``topas`` (the plugin with the search), ``lpm`` (SGLang's
 ``--schedule-policy lpm``, LRU eviction) and ``lru`` (SGLang's defaults: ``fcfs`` with LRU
-eviction); ``topas-greedy`` (the plugin's default scorer) and ``topas-offload``
-(``topas`` planning in a planner process) on request. Beside each live run, the
+eviction); ``topas-greedy`` (the single-pass scorer) and ``topas-offload`` /
+``topas-greedy-offload`` (planning in a planner process) on request. Beside each live run, the
 simulator's JCTs on the same instance with the matching policy (``topas``,
 ``topas-greedy``, ``lpm``, ``fcfs``; calibrated timing), and the plugin's own counters
 from the server log (planned rounds, planning time per call, requests held back,
@@ -47,12 +47,12 @@ from topas.workloads import generate
 from topas_sglang.controller import stats_from_log
 from topas_sglang.fake_server import FakeServer
 
-SIMULATED = {"topas": "topas", "topas-greedy": "topas-greedy", "lpm": "lpm", "lru": "fcfs",
-             "topas-offload": "topas"}  # fmt: skip
-"""The simulator's policy beside each live one (``topas-offload``: ``topas`` planning in a
-planner process, :mod:`topas_sglang.offload`)."""
-
 OFFLOAD = "-offload"
+
+SIMULATED = {"topas": "topas", "topas-greedy": "topas-greedy", "lpm": "lpm", "lru": "fcfs"}
+SIMULATED |= {p + OFFLOAD: SIMULATED[p] for p in ("topas", "topas-greedy")}
+"""The simulator's policy beside each live one (``-offload``: the same spec planning in a
+planner process, :mod:`topas_sglang.offload`)."""
 
 SGLANG_SIDE = {"lpm": ("lpm", "lru"), "lru": ("fcfs", "lru")}
 """SGLang's own policies: (schedule policy, eviction policy)."""
