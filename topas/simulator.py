@@ -16,6 +16,7 @@ The policy sees only :class:`~topas.state.State`; the true output lengths stay h
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time as wallclock
 from collections import deque
@@ -38,6 +39,7 @@ from topas.state import (
     Decision,
     Phase,
     PrefixStatus,
+    RunInfo,
     State,
     TaskInfo,
     apply_inplace,
@@ -143,6 +145,53 @@ class _Engine:
         self.stages_left = instance.num_stages
         # releases in order of (release time, task order)
         self.pending = deque(sorted(range(len(instance.tasks)), key=self.release_key))
+
+    @classmethod
+    def resumed(
+        cls, instance: Instance, policy: Policy, state: State, loads_done: dict[str, float]
+    ) -> _Engine:
+        """An engine that goes on from ``state``, a policy's view of a run at a scheduling
+        point, with ``policy`` (already reset): the forward model of a lookahead
+        (:mod:`topas.forward`). ``instance`` holds the state's released, unfinished tasks
+        with their *predicted* lengths as the truth; no task arrives later.
+        ``loads_done`` says when each prompt now loading will be resident (for one it
+        does not name: its whole load from now, after the others on the host channel).
+        Continue it with :meth:`run_from`.
+
+        What the state does not tell is taken as the worst case: a stage admitted or
+        still in its prefill has all of its prefill ahead, and so has a prompt loading by
+        recompute in the calibrated model."""
+        engine = cls(instance, policy, debug=False, predicted=None, progress=None)
+        engine._restore(state, loads_done)
+        return engine
+
+    def _restore(self, state: State, loads_done: dict[str, float]) -> None:
+        """The part of :meth:`resumed` both engines share: a copy of ``state`` whose KV
+        rules are this engine's, with a stamp source of its own (so that the original's
+        stamps are left as they were), and the run's records of what holds KV."""
+        st = state.copy()
+        st.kv_need, st.kv_estimate = self.kv_need, self.kv_estimate
+        newest = max(itertools.chain(st.task_epoch.values(), st.wait_stamp.values(), (0,)))
+        st.stamps = itertools.count(newest + 1)
+        self.state = st
+        self.pending = deque()
+        self.stages_left = sum(st.unfinished.values())
+        for ref, run in st.running.items():
+            self.admitted_at[ref] = (run.admitted_at, False)
+            if run.started_at is not None:
+                self.started_at[ref] = run.started_at
+        for agent, p in st.prefixes.items():
+            if p.status is not PrefixStatus.ABSENT:
+                self.load_started[agent] = st.time
+                if p.status is PrefixStatus.RESIDENT:
+                    self.resident_from[agent] = st.time
+
+    def loading_order(self, loads_done: dict[str, float]) -> list[str]:
+        """The prompts loading in ``self.state``, soonest resident first (those
+        ``loads_done`` does not name last)."""
+        st = self.state
+        loading = [a for a, p in st.prefixes.items() if p.status is PrefixStatus.LOADING]
+        return sorted(loading, key=lambda a: (loads_done.get(a, math.inf), a))
 
     # engine-specific
     def kv_need(self, ref: StageRef, generated: int) -> int:
@@ -337,11 +386,47 @@ class StepEngine(_Engine):
         super().on_preempt(ref)  # rule 10: frees KV and slot, restarts from scratch later
         self.end_of.pop(ref, None)
 
+    def _restore(self, state: State, loads_done: dict[str, float]) -> None:
+        super()._restore(state, loads_done)
+        st, timing = self.state, self.st_timing
+        self.t = round(st.time / timing.step_s)
+        for ref, run in sorted(st.running.items()):
+            if run.started_at is None:
+                continue  # admitted: it starts when its prompt is resident
+            s = self.inst.stage(ref)
+            start = round(run.started_at / timing.step_s)
+            end = max(start + timing.stage_steps(s.input_tokens, s.output_tokens), self.t + 1)
+            self.end_of[ref] = end
+            self.seq += 1
+            heapq.heappush(self.ends, (end, self.seq, ref))
+        for agent in self.loading_order(loads_done):  # one transfer at a time (host)
+            done = loads_done.get(agent)
+            if done is None:  # its whole load from now (host: after the others)
+                start = max(self.t, self.channel_free) if self.host else self.t
+                end = start + timing.load_steps[agent]
+            else:
+                end = max(round(done / timing.step_s), self.t + 1)
+            self.loads[agent] = end
+            if self.host:
+                self.channel_free = max(self.channel_free, end)
+
     def run(self) -> Schedule:
+        # step 0 is always a scheduling point (a load may start before arrivals)
+        return self._loop(None, first=True)
+
+    def run_from(self, decision: Decision) -> Schedule:
+        """Go on from a resumed state (:meth:`resumed`): ``decision`` is applied now,
+        then the policy is consulted as in :meth:`run`."""
+        self.apply(decision)
+        wake = None
+        if decision.wake_at is not None:
+            wake = max(self._to_step(decision.wake_at), self.t + 1)
+        self.t = self._next_step(wake)
+        return self._loop(wake, first=False)
+
+    def _loop(self, wake: int | None, first: bool) -> Schedule:
         st = self.state
         step_s = self.st_timing.step_s
-        wake: int | None = None
-        first = True  # step 0 is always a scheduling point (a load may start before arrivals)
         while True:
             t = self.t
             st.time = t * step_s
@@ -517,7 +602,62 @@ class CalibratedEngine(_Engine):
 
     # ------------------------------------------------------------------ main loop
 
+    def _restore(self, state: State, loads_done: dict[str, float]) -> None:
+        super()._restore(state, loads_done)
+        st = self.state
+        self.now = st.time
+        self.kv_actual = sum(
+            p.tokens for p in st.prefixes.values() if p.status is not PrefixStatus.ABSENT
+        )
+        for agent in self.loading_order(loads_done):
+            if self.host is None:  # its whole prefill ahead, before the stages that wait
+                self.prefill.append(["prefix", agent, st.prefixes[agent].tokens, 0])
+            elif self.host_busy is None:  # the one transfer under way
+                transfer = host_transfer_s(st.prefixes[agent].tokens, self.host)
+                done = loads_done.get(agent, st.time + transfer)
+                self.host_busy = (max(done, st.time), agent)
+            else:  # queued behind it
+                self.host_queue.append(agent)
+        for ref, run in st.running.items():  # in admission order, as the prefill queue
+            self._restore_stage(ref, run)
+
+    def _restore_stage(self, ref: StageRef, run: RunInfo) -> None:
+        """The engine's record of an admitted or running stage: decoding if it has made
+        a token since its admission, else with its whole prefill ahead."""
+        st = self.state
+        s = self.inst.stage(ref)
+        at_admission = st.generated.get(ref, 0)
+        if run.generated <= at_admission or st.phase[ref] is not Phase.RUNNING:
+            self.live[ref] = _Live(base_held=s.input_tokens + at_admission, gen0=at_admission)
+            self.prefill.append(["stage", ref, self.live[ref].base_held, 0])
+            self.kv_actual += self.live[ref].base_held
+            return
+        held = s.input_tokens + run.generated - 1  # the last token's KV is written next
+        live = self.live[ref] = _Live(base_held=held, gen0=run.generated, join_iter=0)
+        live.ctx0 = st.prefixes[s.agent].tokens + held + 1
+        self.kv_actual += held
+        self.n_decoding += 1
+        self.ctx_sum += live.ctx0
+        self.seq += 1
+        heapq.heappush(self.decoding, (s.output_tokens - live.gen0, self.seq, ref))
+        pred = st.stage(ref).predicted_output
+        if live.gen0 >= pred:
+            self.overrunning.add(ref)
+        else:
+            heapq.heappush(self.overrun_at, (pred - live.gen0, ref))
+
     def run(self) -> Schedule:
+        return self._loop()
+
+    def run_from(self, decision: Decision) -> Schedule:
+        """Go on from a resumed state (:meth:`resumed`): ``decision`` is applied now,
+        then the policy is consulted as in :meth:`run`."""
+        self.wake = decision.wake_at
+        self.apply(decision)
+        self.dirty = False
+        return self._loop()
+
+    def _loop(self) -> Schedule:
         st = self.state
         while self.stages_left > 0:
             self._handle_time_events()

@@ -19,6 +19,7 @@ from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
 from topas.policies.greedy import TOPASGreedy
 from topas.policies.replay import Replay
+from topas.policies.rollout import Rollout
 from topas.policies.search import TOPAS, TOPASBase
 
 REGISTRY: dict[str, type[Policy]] = {
@@ -34,6 +35,7 @@ REGISTRY: dict[str, type[Policy]] = {
     "topas": TOPAS,  # the search over post-decision states (topas/policies/search.py)
     "topas-base": TOPASBase,  # the paper's TOPAS-base: the search without reuse and aging
     "topas-greedy": TOPASGreedy,  # the earlier single-pass scorer (topas/policies/greedy.py)
+    "topas-rollout": Rollout,  # TOPAS with a rollout over base policies (policies/rollout.py)
 }
 
 BASELINES = ("fcfs", "lpm", "cpf", "atlas", "kvflow", "spf", "parrot-fcfs", "las")

@@ -537,6 +537,8 @@ class TOPAS(Policy):
         self._credit: dict[StageRef, float] = {}
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
+        self.reserving = False  # the last decision served a starving stage first
+        self._scored: tuple[_Round, list[_Pack]] | None = None  # the last search's packs
         self._per_token = ctx.predict.service_s(0, 1)
         # a prefetch delays no waiting task; it costs time only where a load is a prefill
         # that shares the GPU with the batch (the calibrated model with recompute)
@@ -1016,6 +1018,7 @@ class TOPAS(Policy):
             if alone is not None and alone.admitted:
                 best = alone
         self.evaluated = len(scored)
+        self._scored = (rnd, [p for p in scored.values() if p is not None and p is not best])
         return best
 
     def _greedy(self, active: list[str], current: tuple[str, ...], score, unfit=None) -> _Pack:  # type: ignore[no-untyped-def]
@@ -1102,12 +1105,26 @@ class TOPAS(Policy):
         rnd = self._round(state)
         best = self._search(state, rnd)
         starving = self._starving(state)
-        if starving is not None and starving not in best.admitted:
+        self.reserving = starving is not None and starving not in best.admitted
+        if self.reserving:
+            self._scored = None
             return self._reserve_for(state, rnd, starving)
         decision = self._commit(state, rnd, best, state.plan())
         if self.jit:
             decision = self._with_wake(state, rnd, best, decision)
         return decision
+
+    def alternatives(self, state: State, k: int) -> list[Decision]:
+        """The decisions of the ``k`` best-scored post-decision states after the one the
+        last :meth:`decide` took on ``state`` (each a different ``R'``; best first), for a
+        lookahead to judge (``topas-rollout``). None after a decision that served a
+        starving stage (:attr:`reserving`). What TOPAS remembers of its decisions (the
+        credits of ``J_revoke``, the kept set) is left as the decision set it."""
+        if self._scored is None:
+            return []
+        rnd, packs = self._scored
+        packs = sorted(packs, key=lambda p: (-p.score, p.changes, sorted(p.agents)))[:k]
+        return [self._commit(state, rnd, p, state.plan(), record=False) for p in packs]
 
     def _with_wake(self, state: State, rnd: _Round, best: _Pack, decision: Decision) -> Decision:
         """``jit``: the decision asks to be consulted when a deferred load is due: one for
@@ -1123,11 +1140,20 @@ class TOPAS(Policy):
         return dataclasses.replace(decision, wake_at=min(later)) if later else decision
 
     def _commit(
-        self, state: State, rnd: _Round, best: _Pack, plan: Planner, pinned: str | None = None
+        self,
+        state: State,
+        rnd: _Round,
+        best: _Pack,
+        plan: Planner,
+        pinned: str | None = None,
+        record: bool = True,
     ) -> Decision:
         """The decision for ``best`` on top of ``plan`` (which may already admit a starving
         stage of agent ``pinned``): unused prefixes outside ``R'`` evicted, the pack
-        admitted, absent prefixes of ``R'`` loaded, the other agents' stages held."""
+        admitted, absent prefixes of ``R'`` loaded, the other agents' stages held. With
+        ``record`` (a decision taken, not an alternative) the admissions' credits and the
+        kept set are remembered."""
+        credit = self._credit if record else {}
         keep = best.agents | ({pinned} if pinned else set())
         for ref in best.retract:
             plan.do_preempt(ref)
@@ -1136,17 +1162,18 @@ class TOPAS(Policy):
                 plan.do_evict(a)
         for ref in best.admitted:  # packed by predicted lengths: the engine has the last word
             if plan.try_admit(ref, ()):
-                self._credit[ref] = best.credit[ref]
+                credit[ref] = best.credit[ref]
         if best.admitted and not plan.admit and not state.running:
             # every packed stage is truly longer than told and none fits: never idle the
             # server, the first one goes in with unused prompts evicted (it fits alone)
             ref = best.admitted[0]
             if plan.try_admit(ref, plan.evictable(sorted(rnd.status))):
-                self._credit[ref] = best.credit[ref]
+                credit[ref] = best.credit[ref]
         for a in sorted(best.agents):  # kept for the reuse it promises (unless just evicted)
             if plan.status(a) is PrefixStatus.ABSENT and a not in plan.evict:
                 plan.do_load(a)
-        self._kept = tuple(sorted(keep))
+        if record:
+            self._kept = tuple(sorted(keep))
         view = self._view
         assert view is not None
         held = tuple(view.held(a for a in view.agents if a not in keep))

@@ -1,0 +1,192 @@
+"""``topas-rollout``: TOPAS with a rollout, post-decision states judged by simulation.
+
+TOPAS scores a post-decision state with a one-step estimate: the cut in each task's
+longest remaining path, reuse, movement. Where that estimate is myopic (a prompt drained
+a step before two of its stages arrive, a prefetch made too early or too late, a switch
+of the served agent), the decision it picks can cost more later than one it passed
+over. A rollout judges candidate decisions by their consequences instead (Bertsekas's
+rollout with several base heuristics):
+
+- **Candidates.** The decisions of the base policies (``bases``, TOPAS first); TOPAS's
+  next-best post-decision states (``alternatives``: each a different resident set
+  ``R'``, best-scored first); and perturbations of TOPAS's decision (``variants``): one
+  prefetch more (an absent prompt that a known stage will use, with unused prompts
+  evicted where it does not fit otherwise), its last admission left out, its prefetches
+  left out, and nothing started at all until the next event.
+- **Rollouts.** Each distinct candidate is applied in the forward model
+  (:mod:`topas.forward`: the simulator resumed from the state, the released tasks with
+  their predicted lengths, no arrivals) and followed by a copy of each base policy
+  (``cross``; else of the base that proposed it, TOPAS for the others) until every known
+  task is done. A candidate's cost is the sum of the known tasks' JCTs under its best
+  continuation.
+- **Choice.** The cheapest candidate is decided; ties go to the earlier candidate, so
+  TOPAS's own decision stands unless a rollout shows a better one. A decision that serves
+  a starving stage first (TOPAS's reservation) is taken as it is, so the starvation bound
+  holds as it does for TOPAS.
+
+With every task known and exact predictions (the step model of the optimality-gap
+study with all arrivals at once) the rollout is never worse than any of its bases (the
+cost-improvement property, checked under hypothesis in ``tests/test_rollout.py``); with
+arrivals it plans for the tasks in view.
+
+A rollout costs a simulation per candidate and continuation, so it is made only while the
+released tasks have at most ``max_stages`` unfinished stages; above that TOPAS decides
+alone (the other bases are consulted only when a rollout is made). Deterministic: the
+bases and the forward model are. docs/topas.md has the measurements and the choice of
+every default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topas.errors import InputError
+from topas.instance import StageRef
+from topas.policies.base import Policy, PolicyContext
+from topas.policies.search import TOPAS
+from topas.state import Decision, Phase, Planner, PrefixStatus, State
+
+DEFAULT_BASES = "topas+topas-greedy+lpm+parrot-fcfs"
+"""The base policies of ``topas-rollout`` (docs/topas.md has how they were chosen)."""
+
+
+@dataclass
+class Rollout(Policy):
+    """TOPAS with a rollout over candidate decisions (module doc)."""
+
+    bases: str = DEFAULT_BASES  # registered policy specs joined by "+"; the first is TOPAS
+    cross: bool = True  # every base continues every candidate (else only its proposer)
+    alternatives: int = 4  # TOPAS's next-best post-decision states among the candidates
+    variants: bool = True  # perturbations of TOPAS's decision among the candidates
+    max_stages: int = 64  # roll out while the released tasks have at most this many stages left
+    name = "topas-rollout"
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        from topas.forward import Forward  # the simulator, lazily (topas.forward's doc)
+        from topas.policies import make_policy
+
+        names = [n.strip() for n in self.bases.split("+")]
+        if not all(names):
+            raise InputError(f"bases: expected policy specs joined by '+', got {self.bases!r}")
+        if self.max_stages < 0 or self.alternatives < 0:
+            raise InputError("max_stages and alternatives must be >= 0")
+        self.policies = [make_policy(n) for n in names]
+        if not isinstance(self.policies[0], TOPAS):
+            raise InputError(f"bases: the first base must be a TOPAS spec, got {names[0]!r}")
+        for p in self.policies:
+            if isinstance(p, Rollout):
+                raise InputError("bases: a rollout cannot be a base of a rollout")
+            p.reset(ctx)
+        self.forward = Forward(ctx)
+        self.chosen: Policy = self.policies[0]  # whose decision was taken last
+        self.rollouts = 0  # simulations run, over the run (for the bench)
+
+    def decide(self, state: State) -> Decision:
+        topas = self.policies[0]
+        assert isinstance(topas, TOPAS)
+        choice = topas.decide(state)
+        self.chosen = topas
+        if not topas.reserving and state.tasks and self._small(state):
+            decisions = [choice, *(p.decide(state) for p in self.policies[1:])]
+            proposers = list(range(len(decisions)))
+            extra = topas.alternatives(state, self.alternatives)
+            if self.variants:
+                extra += variants(state, choice)
+            decisions += extra
+            proposers += [0] * len(extra)
+            candidates = distinct(decisions)
+            if len(candidates) > 1:
+                i = self._best(state, candidates, decisions, proposers)
+                choice, self.chosen = decisions[i], self.policies[proposers[i]]
+        self.forward.note(state, choice)
+        return choice
+
+    def _small(self, state: State) -> bool:
+        return sum(state.unfinished.values()) <= self.max_stages
+
+    def _best(
+        self,
+        state: State,
+        candidates: Sequence[int],
+        decisions: Sequence[Decision],
+        proposers: Sequence[int],
+    ) -> int:
+        """The candidate whose best rollout has the least sum of the known tasks' JCTs."""
+        instance = self.forward.instance(state)
+        best, best_cost = candidates[0], math.inf
+        for i in candidates:
+            for j in range(len(self.policies)) if self.cross else (proposers[i],):
+                cost = self.forward.jct_sum(state, instance, decisions[i], self.policies[j])
+                self.rollouts += 1
+                if cost < best_cost - 1e-9:  # infinite: the base waits for an arrival
+                    best, best_cost = i, cost
+        return best
+
+    def eviction_order(self, state: State) -> list[str]:
+        return self.chosen.eviction_order(state)
+
+    def retraction_order(self, state: State, candidates: Sequence[StageRef]) -> list[StageRef]:
+        return self.chosen.retraction_order(state, candidates)
+
+
+def distinct(decisions: Sequence[Decision]) -> list[int]:
+    """The index of the first decision of each distinct plan: what it preempts, evicts and
+    loads (as sets), what it admits (in order: the prefill order) and when it wakes."""
+    seen: dict[tuple, int] = {}
+    for i, d in enumerate(decisions):
+        key = (frozenset(d.preempt), frozenset(d.evict), frozenset(d.load), d.admit, d.wake_at)
+        seen.setdefault(key, i)
+    return sorted(seen.values())
+
+
+def variants(state: State, decision: Decision) -> list[Decision]:
+    """Perturbations of ``decision`` (module doc), each applicable to ``state``: one
+    prefetch more, for each absent prompt that a known unfinished stage uses (with unused
+    prompts evicted, least recently used first, where it does not fit otherwise); its last
+    admission left out; its prefetches left out; nothing started until the next event."""
+    out = []
+    ahead = (Phase.WAITING, Phase.BLOCKED)
+    needed = {state.agent_of(ref) for ref, ph in state.phase.items() if ph in ahead}
+    for agent in sorted(needed):
+        plan = _replay(state, decision)
+        if plan is None or plan.status(agent) is not PrefixStatus.ABSENT:
+            continue
+        spare = plan.evictable()
+        evicted = []
+        while not plan.do_load(agent) and spare:
+            victim = spare.pop(0)
+            plan.do_evict(victim)
+            evicted.append(victim)
+        if plan.status(agent) is PrefixStatus.LOADING:
+            out.append(
+                dataclasses.replace(
+                    decision, evict=decision.evict + tuple(evicted), load=decision.load + (agent,)
+                )
+            )
+    if decision.admit:
+        out.append(dataclasses.replace(decision, admit=decision.admit[:-1]))
+    if decision.load:
+        out.append(dataclasses.replace(decision, load=()))
+    out.append(Decision(held=decision.held))
+    return out
+
+
+def _replay(state: State, decision: Decision) -> Planner | None:
+    """A plan of ``decision`` on ``state`` (what it leaves free and resident), or None
+    where the plan disagrees with the state's own accounting."""
+    plan = state.plan()
+    for ref in decision.preempt:
+        plan.do_preempt(ref)
+    for agent in decision.evict:
+        plan.do_evict(agent)
+    for agent in decision.load:
+        if not plan.do_load(agent):
+            return None
+    for ref in decision.admit:
+        if not plan.try_admit(ref, ()):
+            return None
+    return plan
