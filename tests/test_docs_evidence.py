@@ -288,27 +288,26 @@ def _live_groups(header_start: str, n: int):  # type: ignore[no-untyped-def]
         yield row, live
 
 
-def _check_live_means(row: list[str], live: dict, policies: tuple[str, ...]) -> None:  # type: ignore[type-arg]
-    """Columns 3 on of ``row`` are the live mean JCTs of ``policies``."""
-    workload, seed = row[1], row[2]
-    for policy, cell in zip(policies, row[3:], strict=False):
-        got = live[(workload, seed, policy)]  # live mean / p99, then ... CPU ms per call
-        assert numbers(cell) == numbers(got[4])[:1], (workload, seed, policy)
-
-
-def test_plugin_live_offload_table_matches_its_summaries() -> None:
-    # integration/sglang/README.md: the live-bench table behind the offloaded default.
-    policies = ("topas", "topas-offload", "lru")
-    for row, live in _live_groups("| seeds | workload | seed | `topas` | `topas-offload`", 12):
-        _check_live_means(row, live, policies)
-        cpu = [numbers(live[(row[1], row[2], p)][8])[0] for p in policies[:2]]
-        assert numbers(row[6]) == cpu, (row[1], row[2])
-
-
-def test_plugin_live_scorer_table_matches_its_summaries() -> None:
-    # integration/sglang/README.md: the live-bench table behind the default scorer.
-    policies = ("topas-greedy-offload", "topas-offload", "lru")
-    for row, live in _live_groups("| seeds | workload | seed | `topas-greedy` | `topas` |", 8):
-        _check_live_means(row, live, policies)
-        planner = [numbers(live[(row[1], row[2], p)][13])[0] for p in policies[:2]]
-        assert numbers(row[6]) == planner, (row[1], row[2])
+@pytest.mark.parametrize(
+    ("header", "n", "policies", "column"),
+    [
+        # the table behind the offloaded default; its last column: scheduler CPU ms per call
+        ("| seeds | workload | seed | `topas` | `topas-offload`", 12,
+         ("topas", "topas-offload", "lru"), 8),
+        # the table behind the default scorer; its last column: planner ms per plan
+        ("| seeds | workload | seed | `topas-greedy` | `topas` |", 8,
+         ("topas-greedy-offload", "topas-offload", "lru"), 13),
+    ],
+)  # fmt: skip
+def test_plugin_live_tables_match_their_summaries(
+    header: str, n: int, policies: tuple[str, ...], column: int
+) -> None:
+    # integration/sglang/README.md's live-bench tables: columns 3-5 the live mean JCTs of
+    # ``policies``, column 6 the summary's ``column`` for the first two
+    for row, live in _live_groups(header, n):
+        workload, seed = row[1], row[2]
+        for policy, cell in zip(policies, row[3:6], strict=True):
+            got = live[(workload, seed, policy)]  # live mean / p99, then ... CPU ms per call
+            assert numbers(cell) == numbers(got[4])[:1], (workload, seed, policy)
+        last = [numbers(live[(workload, seed, p)][column])[0] for p in policies[:2]]
+        assert numbers(row[6]) == last, (workload, seed)

@@ -9,48 +9,29 @@ from conftest import jcts_across_processes, make, random_instances, stage, task
 from hypothesis import given, settings
 from test_forward import at_once
 from test_policies import make_resident, ready, released
+from test_search import r_runs_beside_a_waiting_s
 
 from topas.errors import InputError
 from topas.policies import make_policy
 from topas.policies.rollout import distinct, variants
 from topas.schedule import evaluate
 from topas.simulator import simulate
-from topas.state import Decision, apply, apply_inplace
+from topas.state import Decision, apply
 from topas.verify import verify_step
 
 BASES = ("topas", "topas-greedy", "lpm", "parrot-fcfs")  # the default's, in its order
 
 
-def drain_or_wait() -> tuple:
-    # The state of test_search's soon test. Step model, chunk 10, host link at 10 tokens
-    # per step: a prompt of 4,000 tokens takes 400 steps to load. Capacity 9,100; A and B
-    # resident (8,000); t/r (A, 100 in + 100 out: 10 + 100 = 110 steps, 200 KV) runs, and
-    # its child x (B, 110 steps, 200 KV) waits for it; u/s (A, 50 + 500 = 550 steps,
-    # 1,000 KV) waits, with 900 free.
-    inst = make(
-        {"A": 4000, "B": 4000},
-        [
-            task("t", 0, stage("r", "A", 100, 100), stage("x", "B", 100, 100, ["r"])),
-            task("u", 0, stage("s", "A", 500, 500)),
-        ],
-        capacity=9100,
-        load={"kind": "host", "tokens_per_s": 10.0},
-    )
-    state = released(inst)
-    make_resident(state, "A", "B")
-    apply_inplace(state, Decision(admit=(("t", "r"),)))
-    return inst, state
-
-
 def test_a_rollout_waits_where_topas_drains_a_prompt_it_needs_again():
-    # TOPAS evicts B to start s now (test_search: its one-step score prefers it). Then
-    # s runs 0..550 and x, ready at 110, needs B's 4,000 tokens and its own 200 beside
+    # The state of test_search's soon test (r_runs_beside_a_waiting_s). TOPAS evicts B
+    # to start s now (its one-step score prefers it, test_search). Then s runs 0..550
+    # and x, ready at 110, needs B's 4,000 tokens and its own 200 beside
     # A's 4,000 and s's 1,000: 9,200 > 9,100, so it waits for s. The best continuation
     # (topas-greedy's: B prefetched from 110, resident at 510) runs x 550..660: JCTs
     # t 660 + u 550 = 1,210 steps. Waiting instead (nothing started now, B kept): r ends
     # at 110, x runs 110..220 and s 220..770 (both do not fit beside the prompts): 220 +
     # 770 = 990. The rollout sees both and waits.
-    inst, state = drain_or_wait()
+    inst, state = r_runs_beside_a_waiting_s()
     topas = ready("topas", inst).decide(state)
     assert topas.evict == ("B",) and topas.admit == (("u", "s"),)
     rollout = ready("topas-rollout", inst)
@@ -110,7 +91,7 @@ def test_never_worse_than_its_bases_when_every_task_is_known(inst):
 
 
 def test_variants_are_applicable_and_distinct_drops_repeats():
-    inst, state = drain_or_wait()
+    inst, state = r_runs_beside_a_waiting_s()
     topas = ready("topas", inst).decide(state)
     out = variants(state, topas)
     # no prefetch (x's B is resident), so: s's admission left out (B still evicted), and
@@ -137,7 +118,7 @@ def test_a_variant_prefetches_with_an_eviction_where_the_prompt_does_not_fit():
 
 
 def test_bad_parameters_are_refused():
-    inst, _ = drain_or_wait()
+    inst, _ = r_runs_beside_a_waiting_s()
     for spec, what in (
         ("topas-rollout:bases=", "bases"),
         ("topas-rollout:bases=lpm+topas", "first base must be a TOPAS"),

@@ -406,15 +406,11 @@ def test_jit_loads_a_next_hops_prompt_when_its_load_is_due_not_at_once():
     assert "B" not in first.load
 
 
-def test_soon_credits_a_stage_that_fits_once_a_running_stage_ends():
-    # Capacity 9,100 over a 10 token/s link (c(a) = 400 s); A and B resident; t/r (A,
-    # 200 KV, 110 steps) runs and its child x needs B: n_B = 1. u/s (A, 1,000 KV) waits
-    # with 900 free. D = (110 + 110 + 550) / 3 = 256.67 s; s's value is D x 2 = 513.33
-    # (g = 1; its agent runs r: the visit weight). Without ``soon`` keeping B packs
-    # nothing (score V_reuse = 400), dropping B admits s now (513.33, B's reuse lost), so
-    # B is evicted, to be reloaded for x. With ``soon`` the kept set also counts s at
-    # 1 - 110 / D, since r returns the 100 tokens s lacks in 110 s: 400 + 293.33 = 693.33,
-    # and nothing moves.
+def r_runs_beside_a_waiting_s() -> tuple:
+    """Step model, chunk 10, a host link of 10 tokens per step (a 4,000-token prompt
+    loads in 400 steps), capacity 9,100; A and B resident (8,000). t/r (A, 100 in, 100
+    out: 10 + 100 = 110 steps, 200 KV) runs; its child x (B, 110 steps, 200 KV) waits
+    for it; u/s (A, 500 in, 500 out: 550 steps, 1,000 KV) waits with 900 free."""
     inst = make(
         {"A": 4000, "B": 4000},
         [
@@ -424,11 +420,22 @@ def test_soon_credits_a_stage_that_fits_once_a_running_stage_ends():
         capacity=9100,
         load={"kind": "host", "tokens_per_s": 10.0},
     )
+    state = released(inst)
+    make_resident(state, "A", "B")
+    apply_inplace(state, Decision(admit=(("t", "r"),)))
+    return inst, state
+
+
+def test_soon_credits_a_stage_that_fits_once_a_running_stage_ends():
+    # r_runs_beside_a_waiting_s: c(a) = 400 s; x needs B: n_B = 1. D = (110 + 110 + 550)
+    # / 3 = 256.67 s; s's value is D x 2 = 513.33 (g = 1; its agent runs r: the visit
+    # weight). Without ``soon`` keeping B packs nothing (score V_reuse = 400), dropping B
+    # admits s now (513.33, B's reuse lost), so B is evicted, to be reloaded for x. With
+    # ``soon`` the kept set also counts s at 1 - 110 / D, since r returns the 100 tokens s
+    # lacks in 110 s: 400 + 293.33 = 693.33, and nothing moves.
     scores = {}
     for spec in ("topas", "topas:soon=1"):
-        state = released(inst)
-        make_resident(state, "A", "B")
-        apply_inplace(state, Decision(admit=(("t", "r"),)))
+        inst, state = r_runs_beside_a_waiting_s()
         policy = ready(spec, inst)
         rnd = policy._round(state)
         keep, drop = policy._pack(state, rnd, ("A", "B")), policy._pack(state, rnd, ("A",))
