@@ -117,10 +117,11 @@ class Rollout(Policy):
     ) -> int:
         """The candidate whose best rollout has the least sum of the known tasks' JCTs."""
         instance = self.forward.instance(state)
+        frozen = [self.forward.freeze(p, state) for p in self.policies]
         best, best_cost = candidates[0], math.inf
         for i in candidates:
             for j in range(len(self.policies)) if self.cross else (proposers[i],):
-                cost = self.forward.jct_sum(state, instance, decisions[i], self.policies[j])
+                cost = self.forward.jct_sum(state, instance, decisions[i], frozen[j])
                 self.rollouts += 1
                 if cost < best_cost - 1e-9:  # infinite: the base waits for an arrival
                     best, best_cost = i, cost
