@@ -29,9 +29,9 @@ class Forecaster(Policy):
     """Runs ``inner`` and, at every decision it may check, records the forward model's
     completion times for the decision and ``inner`` going on."""
 
-    def __init__(self, inner: str, calibrated_exact_only: bool = True) -> None:
-        self.inner = make_policy(inner)
-        self.name = f"forecast({inner})"
+    def __init__(self, inner: str | Policy, calibrated_exact_only: bool = True) -> None:
+        self.inner = make_policy(inner) if isinstance(inner, str) else inner
+        self.name = f"forecast({self.inner.spec()})"
         self.exact_only = calibrated_exact_only
         self.forecasts: list[tuple[float, dict[str, float] | None]] = []
 
@@ -72,7 +72,7 @@ def at_once(inst: Instance) -> Instance:
     )
 
 
-def check_forecasts(inst: Instance, spec: str, timing: str) -> int:
+def check_forecasts(inst: Instance, spec: str | Policy, timing: str) -> int:
     policy = Forecaster(spec)
     sched = simulate(inst, policy, timing=timing)
     done: dict[str, float] = {}
@@ -147,3 +147,24 @@ def test_the_forward_instance_holds_what_a_policy_may_know():
 
     simulate(inst, Peek("fcfs", calibrated_exact_only=False), timing="calibrated")
     assert seen == [(0.0, 0, 2), (1.0, 0, 2), (2.0, 1, 2), (5.0, 4, 5), (6.0, 4, 5)]
+
+
+def test_a_policy_that_does_not_pickle_is_deep_copied_instead():
+    # forward.Frozen pickles a base once per decision; a policy holding a lambda does not
+    # pickle, so each rollout deep-copies it: the forecasts are the run's all the same
+    class Unpicklable(type(make_policy("lpm"))):  # type: ignore[misc]
+        def reset(self, ctx: PolicyContext) -> None:
+            super().reset(ctx)
+            self.hook = lambda ref: ref
+
+    policy = Unpicklable()
+    inst = chain_world()
+    policy.reset(PolicyContext(server=inst.server, timing="step"))
+    from test_policies import released
+
+    state = released(inst)
+    frozen = Forward(policy.ctx).freeze(policy, state)
+    resumed = state.copy()
+    thawed = frozen.thaw(resumed)
+    assert frozen._data is None and thawed is not policy and thawed.ctx is policy.ctx
+    assert check_forecasts(inst, Unpicklable(), "step") >= 1
