@@ -94,6 +94,11 @@ def build_parser() -> ex.Parser:
     ap.add_argument(
         "--proposed", default=PROPOSED, help="the TOPAS variant compared (default topas)"
     )
+    ap.add_argument(
+        "--topas-base",
+        default=None,
+        help=f"the ablation's TOPAS-base (default: --proposed with {BASE_SWITCHES})",
+    )
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--out", default="results/paper", help="output folder")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -129,7 +134,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
         "policies": policies,
         "baselines": [p for p in policies if not ex.is_topas(p)],
         "proposed": proposed,
-        "topas_base": f"{proposed.partition(':')[0]}:{BASE_SWITCHES}",
+        "topas_base": topas_base(proposed, args.topas_base),
         "jobs": ex.parse_jobs(args.jobs),
         "out": str(ex.check_out(args.out)),
     }
@@ -139,6 +144,15 @@ def config_from_args(args: Any) -> dict[str, Any]:
         raise ex.CliError("--ratios: the prefixes must leave room for requests (each < 1)")
     cfg["map_kv"] = {f"{r:g}": map_budget(r, cfg["tasks"], cfg["profile"]) for r in cfg["ratios"]}
     return cfg
+
+
+def topas_base(proposed: str, given: str | None) -> str:
+    """The ablation's TOPAS-base: ``given``, or ``proposed``'s family with the switches
+    of :data:`BASE_SWITCHES` (bad input where that is not a policy spec, e.g. for a
+    policy without those switches, before anything runs)."""
+    spec = given or f"{proposed.partition(':')[0]}:{BASE_SWITCHES}"
+    hint = "" if given else " (name one with --topas-base)"
+    return ex.parse_policies(spec, "--topas-base" + hint)[0]
 
 
 def map_budget(ratio: float, num_tasks: int, profile: str) -> int:

@@ -114,6 +114,13 @@ def test_cut_against_the_best_baseline_by_hand() -> None:
         (("--workloads", "nope"), "unknown workload 'nope'"),
         (("--policies", "lpm"), "must include 'topas'"),
         (("--proposed", "lpm"), "not a TOPAS variant"),
+        # a rollout has no reuse and aging switches of its own: its TOPAS-base is named
+        (
+            ("--policies", "fcfs,topas-rollout", "--proposed", "topas-rollout"),
+            "--topas-base (name one with --topas-base): bad policy spec "
+            "'topas-rollout:reuse=0,aging=0'",
+        ),
+        (("--topas-base", "topas:nope=1"), "--topas-base: bad policy spec 'topas:nope=1'"),
         (("--ratios", "0.5,1.2"), "--ratios"),
     ],
 )
@@ -124,3 +131,11 @@ def test_bad_input_is_one_line_and_status_2(tmp_path: Path, args, message) -> No
     assert done.stderr.startswith("error: ") and message in done.stderr
     assert done.stderr.count("\n") == 1
     assert not out.exists()
+
+
+def test_topas_base_is_the_proposed_family_without_reuse_and_aging_unless_named() -> None:
+    assert rp.topas_base("topas", None) == "topas:reuse=0,aging=0"
+    assert rp.topas_base("topas-greedy:horizon=2", None) == "topas-greedy:reuse=0,aging=0"
+    assert rp.topas_base("topas-rollout", "topas-base") == "topas-base"
+    with pytest.raises(rp.ex.CliError, match="--topas-base"):
+        rp.topas_base("topas-rollout", None)
