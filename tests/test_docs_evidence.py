@@ -151,16 +151,34 @@ def test_ablation_table_matches_its_summary(topas_md: str) -> None:
                 assert numbers(d) == numbers(w) or numbers(d) == [0.0], (name, d, w)
 
 
-def test_sop_tradeoff_table_matches_its_summary(topas_md: str) -> None:
-    docs = table(topas_md, "| policy | mean, 1.0 | mean, 1.2 |")
-    summary = (DOCS / "results" / "sop_tradeoff" / "summary.md").read_text()
-    means = table(section(summary, "## mean JCT per policy"), "| workload | load |")
-    p99s = table(section(summary, "## p99 JCT per policy"), "| workload | load |")
-    header = next(line for line in summary.splitlines() if line.startswith("| workload | load |"))
-    policies = [c.strip() for c in header.strip("|").split("|")][2:]
+@pytest.mark.parametrize(
+    ("header", "study"),
+    [
+        ("| policy | mean, 1.0 | mean, 1.2 | p99", "sop_tradeoff"),
+        ("| policy | mean, 0.8 | mean, 1.0 | mean, 1.2 | mean, 1.5 |", "sop_frontier"),
+    ],
+)
+def test_policy_by_load_tables_match_their_summaries(topas_md: str, header, study) -> None:
+    """A docs table of mean and p99 JCT per policy (columns ``mean, LOAD`` then ``p99,
+    LOAD``) against the per-policy tables of a ``compare_policies.py`` summary."""
+    head = next(line for line in topas_md.splitlines() if line.startswith(header))
+    columns = [c.strip().split(", ") for c in head.strip("|").split("|")][1:]
+    docs = table(topas_md, header)
+    summary = (DOCS / "results" / study / "summary.md").read_text()
+    per_metric = {  # metric -> load -> the summary's row
+        metric: {
+            float(r[1]): r
+            for r in table(section(summary, f"## {metric} JCT per policy"), "| workload | load |")
+        }
+        for metric in ("mean", "p99")
+    }
+    means = section(summary, "## mean JCT per policy")
+    top = next(line for line in means.splitlines() if line.startswith("| workload | load |"))
+    policies = [c.strip() for c in top.strip("|").split("|")][2:]
+    assert docs
     for row in docs:
         col = 2 + policies.index(row[0].strip("`"))
-        want = [float(r[col]) for r in means] + [float(r[col]) for r in p99s]
+        want = [float(per_metric[metric][float(load)][col]) for metric, load in columns]
         assert [float(x) for x in row[1:]] == want, row
 
 

@@ -24,6 +24,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions, WaitingQueue, admit_in_order
@@ -294,7 +295,7 @@ class TaskValues:
             self._seen = {t: v for t, v in self._seen.items() if t in state.tasks}
 
 
-def _by_task_value(state: State, value: Callable[[str], float]) -> Iterator[StageRef]:
+def by_task_value(state: State, value: Callable[[str], Any]) -> Iterator[StageRef]:
     """Waiting stages by (their task's ``value``, ``fcfs_key``), produced lazily.
 
     The keys are computed afresh for every decision (values are per task, cached by
@@ -332,6 +333,11 @@ class SPF(Policy):
         self._left = TaskValues(self._not_done)
 
     def decide(self, state: State) -> Decision:
+        order = by_task_value(state, self.remaining(state))
+        return admit_in_order(state, order, self.eviction_order(state)).decision()
+
+    def remaining(self, state: State) -> Callable[[str], float]:
+        """A task's remaining predicted work in ``state`` (the class doc), by task id."""
         self._left.prune(state)
         if len(self._pred.service_of) > 64 * max(16, len(state.tasks)):
             self._pred.keep_tasks(state.tasks)
@@ -347,8 +353,7 @@ class SPF(Policy):
         def remaining(tid: str) -> float:
             return self._left.get(state, tid) + adjust.get(tid, 0.0)
 
-        order = _by_task_value(state, remaining)
-        return admit_in_order(state, order, self.eviction_order(state)).decision()
+        return remaining
 
     def _not_done(self, state: State, tid: str) -> float:
         phase = state.phase
@@ -405,7 +410,7 @@ class LAS(Policy):
 
     def decide(self, state: State) -> Decision:
         self._attained.prune(state)
-        order = _by_task_value(state, lambda tid: self._attained.get(state, tid))
+        order = by_task_value(state, lambda tid: self._attained.get(state, tid))
         return admit_in_order(state, order, self.eviction_order(state)).decision()
 
 
