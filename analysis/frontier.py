@@ -2,12 +2,12 @@
 
 Reads ``runs.csv`` of a ``compare_policies.py`` or ``reproduce_paper.py`` study and places
 every policy, at every load, at (mean JCT, p99 JCT), each the mean over the study's
-seeds; the axes frame the Pareto front, the family and TOPAS, so a policy far behind
-on both metrics may fall outside. A family of specs that differ in one numeric parameter (``--family
+seeds. A family of specs that differ in one numeric parameter (``--family
 guarded_spf:GuardedSPF:guard``: every spec ``guarded_spf:GuardedSPF:guard=X``) is joined
-by a line in the parameter's order. Prints, per load, the policies that no other policy of
-the study beats on both metrics (the Pareto front), and whether any policy reaches the best
-mean and the best p99 of the others at once.
+by a line in the parameter's order. The axes frame the Pareto front, the family and
+TOPAS, so a policy far behind on both metrics may fall outside. Prints, per load, the
+policies that no other policy of the study beats on both metrics (the Pareto front), and
+whether any policy reaches the best mean and the best p99 of the others at once.
 
     python analysis/frontier.py RESULTS_DIR [--workload W] [--family SPEC:PARAM]
         [--out RESULTS_DIR/frontier.png]
@@ -23,6 +23,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
@@ -59,7 +60,8 @@ def points(rows: Sequence[Mapping[str, str]], workload: str) -> dict[float, dict
                     (float(r["mean_jct"]), float(r["p99_jct"]))
                 )
             except ValueError:
-                raise ex.CliError(f"runs.csv: seed {r['seed']}: a value is not a number") from None
+                where = f"{r['policy']}, load {r['load']}, seed {r['seed']}"
+                raise ex.CliError(f"runs.csv: {where}: a value is not a number") from None
     out: dict[float, dict[str, Point]] = defaultdict(dict)
     for (load, policy), vals in sums.items():
         n = len(vals)
@@ -88,7 +90,7 @@ def pareto(at: Mapping[str, Point]) -> list[str]:
         for p, (m, q) in at.items()
         if not any(m2 <= m and q2 <= q and (m2, q2) != (m, q) for m2, q2 in at.values())
     ]
-    return sorted(front, key=lambda p: at[p])
+    return sorted(front, key=lambda p: (at[p], p))
 
 
 def reaches_both(at: Mapping[str, Point]) -> list[str]:
@@ -158,7 +160,7 @@ def plot(curves: Mapping[float, Mapping[str, Point]], workload: str, family: str
     return png
 
 
-def _zoom(ax, at: Mapping[str, Point], family: Sequence[str]) -> None:  # noqa: ANN001
+def _zoom(ax: Any, at: Mapping[str, Point], family: Sequence[str]) -> None:
     """Axes around the Pareto front, the family and TOPAS (10% margin): a policy far
     behind on both metrics is left off the chart rather than squeezing the rest."""
     shown = [at[p] for p in {*pareto(at), *family, *(p for p in at if p.startswith("topas"))}]
@@ -193,6 +195,8 @@ def main(argv: Sequence[str]) -> int:
     out = Path(args.out) if args.out else folder / "frontier.png"
     if out.suffix != ".png":
         raise ex.CliError(f"--out: a .png file expected, got {str(out)!r}")
+    if not out.parent.is_dir():
+        raise ex.CliError(f"--out: no such folder {str(out.parent)!r}")
     text = report(curves, workload)
     write_atomic(out, plot(curves, workload, args.family))
     print(text, end="")

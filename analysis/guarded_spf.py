@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from topas.errors import InputError
-from topas.policies.base import admit_in_order
+from topas.policies.base import PolicyContext, admit_in_order
 from topas.policies.baselines import SPF, by_task_value
 from topas.state import Decision, State
 
@@ -40,7 +40,7 @@ class GuardedSPF(SPF):
     guard: float | None = None  # seconds since release after which a task goes first
     name = "guarded-spf"
 
-    def reset(self, ctx) -> None:  # noqa: ANN001 - PolicyContext, as in SPF
+    def reset(self, ctx: PolicyContext) -> None:
         if self.guard is not None and not self.guard >= 0:
             raise InputError(f"guard: must be >= 0 seconds, got {self.guard!r}")
         super().reset(ctx)

@@ -114,6 +114,7 @@ def test_the_command_prints_the_front_and_writes_the_plot(study: Path, capsys) -
         (["--workload", "nope"], "'nope' is not in the study"),
         (["--family", "g:G:other"], "no spec g:G:other=X"),
         (["--out", "x.svg"], "a .png file expected"),
+        (["--out", "no/such/x.png"], "no such folder 'no/such'"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(study: Path, args, words, capsys) -> None:
