@@ -76,6 +76,26 @@ def test_paper_setting_table_matches_its_summary(topas_md: str) -> None:
     assert f"wins {wins} beyond the CI, ties {ties} and\n**loses {losses}**" in topas_md
 
 
+def test_rollout_paper_table_matches_its_summaries(topas_md: str) -> None:
+    """``topas-rollout``'s peak cuts in the paper's setting against its two studies (the
+    DAG families, MetaGPT-TL-paper), and ``topas``'s beside them against its own."""
+    docs = table(section(topas_md, "**In the paper's setting** (four"), "| workload | paper mean")
+    results = DOCS / "results"
+
+    def peaks(study: str) -> dict[str, list[str]]:
+        text = (results / study / "summary.md").read_text()
+        return {r[0]: r for r in table(text, "| workload | paper mean JCT cut %")}
+
+    rollout = peaks("paper_rollout") | peaks("paper_rollout_tl")
+    topas = peaks("paper")
+    assert [r[0] for r in docs] == list(rollout)
+    for row in docs:
+        s, t = rollout[row[0]], topas[row[0]]
+        # peak cut and CI, mean then p99; topas: the peak alone
+        assert numbers(row[2]) == numbers(s[2])[:2] + numbers(s[5])[:2], row[0]
+        assert numbers(row[3]) == numbers(t[2])[:1] + numbers(t[5])[:1], row[0]
+
+
 def test_overload_table_matches_its_summary(topas_md: str) -> None:
     docs = table(section(topas_md, "#### Past load 1.5"), "| workload | paper mean / p99")
     summary = (DOCS / "results" / "paper_overload_registered" / "summary.md").read_text()
