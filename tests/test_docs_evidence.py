@@ -88,20 +88,15 @@ def test_rollout_paper_table_matches_its_summaries(topas_md: str) -> None:
 
     rollout = peaks("paper_rollout") | peaks("paper_rollout_tl")
     topas = peaks("paper")
-    fresh = peaks("paper_rollout_30")
-    if (results / "paper_rollout_tl_30").exists():
-        fresh |= peaks("paper_rollout_tl_30")
+    fresh = peaks("paper_rollout_30") | peaks("paper_rollout_tl_30")
     assert [r[0] for r in docs] == list(rollout)
     for row in docs:
         s, t = rollout[row[0]], topas[row[0]]
         # peak cut and CI, mean then p99; topas and the fresh seeds: the peaks alone
         assert numbers(row[2]) == numbers(s[2])[:2] + numbers(s[5])[:2], row[0]
         assert numbers(row[3]) == numbers(t[2])[:1] + numbers(t[5])[:1], row[0]
-        if row[0] in fresh:
-            f = fresh[row[0]]
-            assert numbers(row[4]) == numbers(f[2])[:1] + numbers(f[5])[:1], row[0]
-        else:
-            assert row[4] == "not run", row[0]
+        f = fresh[row[0]]
+        assert numbers(row[4]) == numbers(f[2])[:1] + numbers(f[5])[:1], row[0]
 
 
 def test_overload_table_matches_its_summary(topas_md: str) -> None:
@@ -265,11 +260,15 @@ def test_replication_table_matches_its_summaries(topas_md: str) -> None:
         want = [numbers(sop[3])[0], numbers(sop[6])[0]]
         assert numbers(docs["MetaGPT-SOP-paper, mean / p99 cut over loads"][col]) == want
 
-    families = "`topas-rollout`, Chain-3 / DAG-4 / DAG-10-Wide"
-    rollout = docs[f"{families}: wins / ties / losses over 30 points"]
-    for col, name in enumerate(("paper_rollout", "paper_rollout_30")):
-        want = [float(x) for x in _tally((results / name / "summary.md").read_text())]
-        assert numbers(rollout[col]) == want, name
+    for label, studies in (
+        ("Chain-3 / DAG-4 / DAG-10-Wide", ("paper_rollout", "paper_rollout_30")),
+        ("MetaGPT-TL-paper", ("paper_rollout_tl", "paper_rollout_tl_30")),
+    ):
+        points = 10 if label.startswith("MetaGPT") else 30
+        tally = docs[f"`topas-rollout`, {label}: wins / ties / losses over {points} points"]
+        for col, name in enumerate(studies):
+            want = [float(x) for x in _tally((results / name / "summary.md").read_text())]
+            assert numbers(tally[col]) == want, name
 
     reported = (results / "compare" / "summary.md").read_text()
     fresh = (results / "replication" / "compare_seeds40" / "summary.md").read_text()
