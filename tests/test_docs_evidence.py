@@ -40,6 +40,11 @@ def section(text: str, heading: str) -> str:
     return text[start : None if end < 0 else end]
 
 
+def side_by_side(summary: str) -> dict[str, list[str]]:
+    """The rows, by workload, of a ``reproduce_paper.py`` summary's side-by-side table."""
+    return {r[0]: r for r in table(summary, "| workload | paper mean JCT cut %")}
+
+
 @pytest.fixture(scope="module")
 def topas_md() -> str:
     return (DOCS / "topas.md").read_text()
@@ -48,7 +53,7 @@ def topas_md() -> str:
 def _check_cuts(docs: list[list[str]], summary: str, first: int) -> None:
     """A docs table of peak cuts and means over loads (mean JCT, then p99, from column
     ``first`` on) against the side-by-side table of a ``reproduce_paper.py`` summary."""
-    ours = {r[0]: r for r in table(summary, "| workload | paper mean JCT cut %")}
+    ours = side_by_side(summary)
     assert [r[0] for r in docs] == list(ours)
     for row in docs:
         s = ours[row[0]]
@@ -80,11 +85,9 @@ def test_rollout_paper_table_matches_its_summaries(topas_md: str) -> None:
     """``topas-rollout``'s peak cuts in the paper's setting against its two studies (the
     DAG families, MetaGPT-TL-paper), and ``topas``'s beside them against its own."""
     docs = table(section(topas_md, "**In the paper's setting** (four"), "| workload | paper mean")
-    results = DOCS / "results"
 
     def peaks(study: str) -> dict[str, list[str]]:
-        text = (results / study / "summary.md").read_text()
-        return {r[0]: r for r in table(text, "| workload | paper mean JCT cut %")}
+        return side_by_side((DOCS / "results" / study / "summary.md").read_text())
 
     rollout = peaks("paper_rollout") | peaks("paper_rollout_tl")
     topas = peaks("paper")
@@ -247,7 +250,7 @@ def test_replication_table_matches_its_summaries(topas_md: str) -> None:
     for col, text in enumerate(paper.values()):
         got = numbers(docs["paper's setting, wins / ties / losses over 50 points"][col])
         assert got == [float(x) for x in _tally(text)], col
-        ours = {r[0]: r for r in table(text, "| workload | paper mean JCT cut %")}
+        ours = side_by_side(text)
         for name, label in (
             ("chain-3", "Chain-3"),
             ("dag-4", "DAG-4"),
@@ -260,11 +263,10 @@ def test_replication_table_matches_its_summaries(topas_md: str) -> None:
         want = [numbers(sop[3])[0], numbers(sop[6])[0]]
         assert numbers(docs["MetaGPT-SOP-paper, mean / p99 cut over loads"][col]) == want
 
-    for label, studies in (
-        ("Chain-3 / DAG-4 / DAG-10-Wide", ("paper_rollout", "paper_rollout_30")),
-        ("MetaGPT-TL-paper", ("paper_rollout_tl", "paper_rollout_tl_30")),
+    for label, points, studies in (
+        ("Chain-3 / DAG-4 / DAG-10-Wide", 30, ("paper_rollout", "paper_rollout_30")),
+        ("MetaGPT-TL-paper", 10, ("paper_rollout_tl", "paper_rollout_tl_30")),
     ):
-        points = 10 if label.startswith("MetaGPT") else 30
         tally = docs[f"`topas-rollout`, {label}: wins / ties / losses over {points} points"]
         for col, name in enumerate(studies):
             want = [float(x) for x in _tally((results / name / "summary.md").read_text())]
