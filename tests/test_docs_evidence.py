@@ -364,3 +364,42 @@ def test_plugin_live_tables_match_their_summaries(
             assert numbers(cell) == numbers(got[4])[:1], (workload, seed, policy)
         last = [numbers(live[(workload, seed, p)][column])[0] for p in policies[:2]]
         assert numbers(row[6]) == last, (workload, seed)
+
+
+def _headline_averages(summary: str) -> dict[str, list[float]]:
+    """Per workload, the mean and p99 change averaged over loads, from a
+    ``compare_policies.py`` summary's headlines."""
+    found = re.findall(
+        r"- \*\*([\w-]+)\*\*: mean JCT ([+-]\d+\.\d)% averaged over loads.*?"
+        r"p99 JCT ([+-]\d+\.\d)% averaged over loads",
+        summary,
+    )
+    return {w: [float(m), float(p)] for w, m, p in found}
+
+
+def _part(summary: str, heading: str) -> str:
+    """The ``## heading`` part of a summary, up to the next ``## ``."""
+    start = summary.index(f"## {heading}\n")
+    end = summary.find("\n## ", start + 1)
+    return summary[start : None if end < 0 else end]
+
+
+def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
+    """``topas-rollout`` on today's five against its study, ``topas`` beside it against
+    the reported comparison on the same seeds."""
+    docs = table(section(topas_md, "**On today's five**"), "| workload | `topas-rollout`")
+    rollout = (DOCS / "results" / "compare_rollout" / "summary.md").read_text()
+    topas = (DOCS / "results" / "compare" / "summary.md").read_text()
+    ours, theirs = _headline_averages(rollout), _headline_averages(topas)
+    assert [r[0] for r in docs] == list(ours)
+    assert set(ours) <= set(theirs)
+    for row in docs:
+        worse = _worse_cells(_part(rollout, row[0]))
+        assert numbers(row[1]) == ours[row[0]], row[0]
+        assert numbers(row[2]) == [worse], row[0]
+        assert numbers(row[3]) == theirs[row[0]], row[0]
+        assert numbers(row[4]) == [_worse_cells(_part(topas, row[0]))], row[0]
+    specs = {r[0].strip("`"): r for r in table(rollout, "| TOPAS spec |")}
+    averaged = [specs[name][i] for name in ("topas-rollout", "topas") for i in (1, 3)]
+    text = " ".join(section(topas_md, "**On today's five**").split())
+    assert "change is {}% mean and {}% p99, against `topas`'s {}% / {}%".format(*averaged) in text
