@@ -409,3 +409,12 @@ def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
     cells = [row[4].removesuffix(" worse"), row[8]]  # table() drops the bold
     assert f"mean is {cells[0]}% against `spf`" in text
     assert f"p99 {cells[1]}% against `parrot-fcfs`" in text
+    every = (DOCS / "results" / "compare_rollout_tl" / "summary.md").read_text()
+    specs = {r[0].strip("`"): r for r in table(every, "| TOPAS spec |")}
+    averaged = [
+        specs[name][i] for name in ("topas-rollout", "topas", "topas-greedy") for i in (1, 3)
+    ]
+    assert (
+        "change is {}% mean and {}% p99, against `topas`'s {}% / {}% and `topas-greedy`'s {}% / {}%"
+    ).format(*averaged) in text
+    assert _worse_cells(every) == 1 and "worse beyond the CI at 1 of 8 points" in text
