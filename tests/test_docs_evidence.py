@@ -34,10 +34,16 @@ def numbers(cell: str) -> list[float]:
     return [float(x) for x in NUMBER.findall(cell)]
 
 
-def section(text: str, heading: str) -> str:
+def section(text: str, heading: str, until: str = "\n### ") -> str:
+    """``text`` from ``heading`` up to the next ``until`` (a heading of that level)."""
     start = text.index(heading)
-    end = text.find("\n### ", start + len(heading))
+    end = text.find(until, start + len(heading))
     return text[start : None if end < 0 else end]
+
+
+def specs(summary: str) -> dict[str, list[str]]:
+    """The rows, by spec, of a ``compare_policies.py`` summary's "TOPAS spec" table."""
+    return {r[0].strip("`"): r for r in table(summary, "| TOPAS spec |")}
 
 
 def side_by_side(summary: str) -> dict[str, list[str]]:
@@ -276,16 +282,19 @@ def test_replication_table_matches_its_summaries(topas_md: str) -> None:
     fresh = (results / "replication" / "compare_seeds40" / "summary.md").read_text()
     averaged = "today's five, `topas` mean / p99 change, averaged over 20 points"
     for col, text in enumerate((reported, fresh)):
-        row = {r[0].strip("`"): r for r in table(text, "| TOPAS spec |")}["topas"]
+        row = specs(text)["topas"]
         assert numbers(docs[averaged][col]) == [float(row[1]), float(row[3])], col
-    specs = {r[0].strip("`"): r for r in table(fresh, "| TOPAS spec |")}
+    fresh_specs = specs(fresh)
     worse = docs["today's five, `topas` worse beyond the CI (mean + p99, of 40)"]
     assert numbers(worse[0]) == [_worse_cells(reported)]
     assert numbers(worse[1]) == [_worse_cells(fresh)]
-    spec_worse = sum(numbers(specs["topas"][i])[0] for i in (2, 4))
+    spec_worse = sum(numbers(fresh_specs["topas"][i])[0] for i in (2, 4))
     assert spec_worse == _worse_cells(fresh)
     greedy = docs["today's five, `topas-greedy` mean / p99 change, averaged"][1]
-    assert numbers(greedy) == [float(specs["topas-greedy"][1]), float(specs["topas-greedy"][3])]
+    assert numbers(greedy) == [
+        float(fresh_specs["topas-greedy"][1]),
+        float(fresh_specs["topas-greedy"][3]),
+    ]
 
     for col, name in enumerate(("gap", "replication/gap_seed2")):
         text = (results / name / "summary.md").read_text()
@@ -377,11 +386,9 @@ def _headline_averages(summary: str) -> dict[str, list[float]]:
     return {w: [float(m), float(p)] for w, m, p in found}
 
 
-def _part(summary: str, heading: str) -> str:
-    """The ``## heading`` part of a summary, up to the next ``## ``."""
-    start = summary.index(f"## {heading}\n")
-    end = summary.find("\n## ", start + 1)
-    return summary[start : None if end < 0 else end]
+def _part(summary: str, workload: str) -> str:
+    """A ``compare_policies.py`` summary's part on ``workload``."""
+    return section(summary, f"## {workload}\n", until="\n## ")
 
 
 def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
@@ -399,8 +406,8 @@ def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
         assert numbers(row[2]) == [worse], row[0]
         assert numbers(row[3]) == theirs[row[0]], row[0]
         assert numbers(row[4]) == [_worse_cells(_part(topas, row[0]))], row[0]
-    specs = {r[0].strip("`"): r for r in table(rollout, "| TOPAS spec |")}
-    averaged = [specs[name][i] for name in ("topas-rollout", "topas") for i in (1, 3)]
+    ours_specs = specs(rollout)
+    averaged = [ours_specs[name][i] for name in ("topas-rollout", "topas") for i in (1, 3)]
     text = " ".join(section(topas_md, "**On today's five**").split())
     assert "change is {}% mean and {}% p99, against `topas`'s {}% / {}%".format(*averaged) in text
     tl = (DOCS / "results" / "compare_rollout_tl12" / "summary.md").read_text()
@@ -410,9 +417,9 @@ def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
     assert f"mean is {cells[0]}% against `spf`" in text
     assert f"p99 {cells[1]}% against `parrot-fcfs`" in text
     every = (DOCS / "results" / "compare_rollout_tl" / "summary.md").read_text()
-    specs = {r[0].strip("`"): r for r in table(every, "| TOPAS spec |")}
+    every_specs = specs(every)
     averaged = [
-        specs[name][i] for name in ("topas-rollout", "topas", "topas-greedy") for i in (1, 3)
+        every_specs[name][i] for name in ("topas-rollout", "topas", "topas-greedy") for i in (1, 3)
     ]
     assert (
         "change is {}% mean and {}% p99, against `topas`'s {}% / {}% and `topas-greedy`'s {}% / {}%"
