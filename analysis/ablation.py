@@ -16,7 +16,7 @@ sigma 0, paired over seeds. Sigma 0 is always included.
     python analysis/ablation.py [--workloads chain,fanout,mixed,metagpt-sop,metagpt-tl]
         [--load 1.2] [--seeds 5 | --seeds 20,23,27] [--tuning] [--tasks 200]
         [--sigmas 0,0.25,0.5,1.0] [--sweep-policies topas,lpm,kvflow] [--jobs N]
-        [--kv-scale 1.0] [--out results/ablation] [--no-progress]
+        [--kv-scale 1.0] [--out results/ablation] [--no-progress] [--resume]
 
 Calibrated timing. A run both parts need (full TOPAS at sigma 0) runs once. Writes
 OUT/{config.json, runs.csv, summary.md, ablation.png, prediction_error.png} (each file
@@ -56,7 +56,7 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--kv-scale", default="1.0", help="multiplies the default KV budget")
     ap.add_argument("--out", default="results/ablation", help="output folder")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ex.add_run_options(ap)
     return ap
 
 
@@ -293,6 +293,7 @@ def main(argv: Sequence[str]) -> int:
         summarize,
         plots,
         not args.no_progress,
+        args.resume,
     )
 
 

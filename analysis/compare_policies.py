@@ -11,6 +11,7 @@ seeds of TOPAS / best - 1 with a 95% CI (Student t, n-1 df).
         [--loads 0.5,0.8,1.0,1.2] [--seeds 5 | --seeds 20,23,27] [--tasks 200]
         [--policies fcfs,lpm,cpf,atlas,kvflow,topas] [--proposed topas] [--tuning]
         [--jobs N] [--kv-scale 1.0] [--out results/compare] [--no-progress]
+        [--resume]
 
 ``--seeds N`` means the first N reporting seeds (20, 21, ...); ``--kv-scale`` multiplies
 each instance's default KV budget. Policies other than ``topas`` and its variants
@@ -19,7 +20,9 @@ baselines. ``--proposed`` names the spec compared with the best baseline (defaul
 ``topas``; a variant to measure it the same way). Tuning seeds are refused unless
 ``--tuning`` says the run is for choosing defaults (its summary says so, and no reported
 figure may come from it). Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png}
-(each file atomically, after every run has finished) and prints summary.md. Bad input: one
+(each file atomically, after every run has finished) and prints summary.md. Finished runs
+are kept in OUT/.checkpoint.pkl as they arrive (deleted at the end): after an interruption
+the same command with ``--resume`` runs only the missing ones. Bad input: one
 ``error: ...`` line on stderr, exit status 2, nothing created.
 """
 
@@ -55,7 +58,7 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--kv-scale", default="1.0", help="multiplies the default KV budget")
     ap.add_argument("--out", default="results/compare", help="output folder")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ex.add_run_options(ap)
     return ap
 
 
@@ -291,6 +294,7 @@ def main(argv: Sequence[str]) -> int:
         summarize,
         plots,
         not args.no_progress,
+        args.resume,
     )
 
 

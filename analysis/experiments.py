@@ -33,12 +33,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from topas.errors import InputError
 from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
 from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
 from topas.studies import StudyParams, md_table, run_jobs, study_files, write_outputs
 from topas.studies import config_json as study_config_json
+from topas.studies.checkpoint import Checkpoint
 from topas.studies.gap import TUNING_SEED_MIN
 from topas.workloads import WORKLOADS, generate
 
@@ -149,11 +151,15 @@ def _run_job(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_grid(
-    jobs: Sequence[Mapping[str, Any]], n_jobs: int, progress: bool = True
+    jobs: Sequence[Mapping[str, Any]],
+    n_jobs: int,
+    progress: bool = True,
+    checkpoint: Checkpoint | None = None,
 ) -> list[dict[str, Any]]:
     """Run every job (keyword arguments of :func:`run_point`) on ``n_jobs`` processes
-    (:func:`topas.studies.run_jobs`: rows in the order of ``jobs``)."""
-    return run_jobs(_run_job, [dict(job) for job in jobs], n_jobs, progress)
+    (:func:`topas.studies.run_jobs`: rows in the order of ``jobs``; with a
+    ``checkpoint``, rows kept as they finish and reused for the jobs it holds)."""
+    return run_jobs(_run_job, [dict(job) for job in jobs], n_jobs, progress, checkpoint=checkpoint)
 
 
 def unique_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -347,21 +353,39 @@ def run_study(
     summarize: Callable[..., str],
     plots: Mapping[str, Callable[[list[dict[str, Any]], Mapping[str, Any]], bytes]],
     progress: bool,
+    resume: bool = False,
 ) -> int:
     """Run ``jobs``, then render config.json, runs.csv, summary.md and ``plots`` (name ->
-    renderer) and write them all into ``cfg["out"]``; print the summary."""
-    command = shlex.join(["python", script, *argv])
+    renderer) and write them all into ``cfg["out"]``; print the summary.
+
+    Finished runs are kept in the folder's checkpoint (:mod:`topas.studies.checkpoint`)
+    as they arrive, and the checkpoint is deleted once the files are written. A
+    checkpoint left by an interrupted run is refused (bad input) unless ``resume``, which
+    reuses its runs; the summary then says how many were reused."""
+    command = shlex.join(["python", script, *(a for a in argv if a != "--resume")])
     cfg = StudyParams(cfg)  # validated by the study's command line: frozen from here on
+    checkpoint = open_checkpoint(Path(cfg["out"]), resume)
     start = time.perf_counter()
-    rows = run_grid(jobs, cfg["jobs"], progress=progress)
+    rows = run_grid(jobs, cfg["jobs"], progress=progress, checkpoint=checkpoint)
     wall_s = time.perf_counter() - start
-    summary = summarize(rows, cfg, command, wall_s)
+    summary = summarize(rows, cfg, command, wall_s) + checkpoint.note(len(rows))
     params = {**cfg.to_json(), "runs": len(rows), "wall_s": round(wall_s, 3)}
+    if checkpoint.resumed:
+        params["resumed_runs"] = checkpoint.resumed
     files = study_files(study, with_split(params), command, rows, summary, RUN_COLUMNS)
     files.update({name: render(rows, cfg) for name, render in plots.items()})
     write_outputs(Path(cfg["out"]), files)
+    checkpoint.remove()
     print(summary, end="")
     return 0
+
+
+def open_checkpoint(out: Path, resume: bool) -> Checkpoint:
+    """The study folder's checkpoint (:meth:`Checkpoint.open`), its refusal as bad input."""
+    try:
+        return Checkpoint.open(out, resume)
+    except InputError as e:
+        raise CliError(str(e)) from None
 
 
 def config_json(study: str, params: Mapping[str, Any], command: str) -> str:
@@ -530,6 +554,16 @@ SEED_SPLIT = {
 
 def add_tuning_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tuning", action="store_true", help="allow tuning seeds (to choose defaults)")
+
+
+def add_run_options(ap: argparse.ArgumentParser) -> None:
+    """``--no-progress`` and ``--resume``, the options of how a study runs."""
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the finished runs an interrupted run of this study kept in --out",
+    )
 
 
 def study_seeds(args: Any) -> list[int]:

@@ -7,11 +7,13 @@ share proven optimal per size, and gap intervals for unproven instances. The ora
 clairvoyant while the policies are online.
 
     python analysis/optimality_gap.py [--instances 5] [--tasks 2,3,4] [--backend cpsat]
-        [--policies lpm:max_sorted=4,kvflow:prefetch=0] [--only] [--jobs 2]
+        [--policies lpm:max_sorted=4,kvflow:prefetch=0] [--only] [--jobs 2] [--resume]
 
 ``--policies`` adds specs to every registered policy (so ablations are compared with
 all of them); ``--only`` runs just the specs given. Writes
-results/gap/{config.json, runs.csv, summary.md, gap.png} and prints the summary.
+results/gap/{config.json, runs.csv, summary.md, gap.png} and prints the summary. Solved
+instances are kept in OUT/.checkpoint.pkl as they finish; after an interruption the same
+command with ``--resume`` solves only the missing ones.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", default=None, help="server profile (default: each family's)")
     ap.add_argument("--out", default="results/gap", help="output folder")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--resume", action="store_true", help="reuse the instances an interrupted run kept in --out"
+    )
     return ap
 
 
@@ -101,10 +106,14 @@ def config_from_args(args: argparse.Namespace) -> GapConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    command = shlex.join(["python", "analysis/optimality_gap.py", *argv])
+    command = shlex.join(
+        ["python", "analysis/optimality_gap.py", *(a for a in argv if a != "--resume")]
+    )
     try:
         config = config_from_args(args)
-        summary = run_gap_study(config, args.out, progress=not args.no_progress, command=command)
+        summary = run_gap_study(
+            config, args.out, progress=not args.no_progress, command=command, resume=args.resume
+        )
     except ValueError as e:
         print(f"optimality_gap: error: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ light to past saturation and paired seeds, and writes three parts:
 
     python analysis/reproduce_paper.py [--quick] [--seeds 10] [--tasks 200] [--loads ...]
         [--ratios ...] [--map-seeds 5] [--profile NAME] [--jobs N] [--out results/paper]
-        [--no-progress]
+        [--no-progress] [--resume]
 
 Seeds are reporting seeds (below ``experiments.TUNING_SEED_MIN``; defaults are tuned on
 seeds above it). ``--quick`` is a smoke version (a minute on 2 cores) that exercises every
@@ -101,7 +101,7 @@ def build_parser() -> ex.Parser:
     )
     ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--out", default="results/paper", help="output folder")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ex.add_run_options(ap)
     return ap
 
 
@@ -522,6 +522,7 @@ def main(argv: Sequence[str]) -> int:
         summarize,
         plots,
         not args.no_progress,
+        args.resume,
     )
 
 

@@ -188,6 +188,57 @@ def test_compare_policies_end_to_end(tmp_path: Path) -> None:
     assert (out / "jct_vs_load.png").stat().st_size > 1000
 
 
+def test_an_interrupted_study_resumes_to_the_same_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = _load("compare_policies")
+    args = ["--workloads", "chain", "--loads", "0.8", "--seeds", "2", "--tasks", "6"]
+    args += ["--policies", "fcfs,lpm,topas", "--jobs", "1", "--no-progress"]  # 6 runs, in order
+    fresh = tmp_path / "fresh"
+    assert module.ex.run_cli(module.main, [*args, "--out", str(fresh)]) == 0
+    run, ran = module.ex._run_job, []
+
+    def stopped_after_four(job):  # type: ignore[no-untyped-def]
+        if len(ran) == 4:
+            raise RuntimeError("interrupted")
+        ran.append(job)
+        return run(job)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(module.ex, "_run_job", stopped_after_four)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        module.main([*args, "--out", str(out)])
+    assert [p.name for p in out.iterdir()] == [".checkpoint.pkl"]  # no study file written
+    capsys.readouterr()
+    # the same command again would start over: refused, one line, nothing touched
+    assert module.ex.run_cli(module.main, [*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds 4 finished run(s)" in err[0] and "--resume" in err[0]
+    assert [p.name for p in out.iterdir()] == [".checkpoint.pkl"]
+    # --resume runs the two missing runs only, and gives the fresh study's rows
+    ran.clear()
+    monkeypatch.setattr(module.ex, "_run_job", lambda job: ran.append(job) or run(job))
+    assert module.ex.run_cli(module.main, [*args, "--out", str(out), "--resume"]) == 0
+    assert len(ran) == 2
+    assert {p.name for p in out.iterdir()} == {p.name for p in fresh.iterdir()}  # checkpoint gone
+
+    def untimed(path: Path) -> list[dict[str, str]]:  # the columns a clock does not set
+        return [
+            {k: v for k, v in r.items() if not k.startswith(("runtime", "decision_time"))}
+            for r in _csv_rows(path)
+        ]
+
+    assert untimed(out / "runs.csv") == untimed(fresh / "runs.csv")
+    summary = (out / "summary.md").read_text()
+    assert "4 of the 6 runs were reused from the checkpoint" in summary
+    config = json.loads((out / "config.json").read_text())
+    assert config["resumed_runs"] == 4 and "--resume" not in config["command"]
+    assert "resumed_runs" not in json.loads((fresh / "config.json").read_text())
+    assert config["command"] == json.loads((fresh / "config.json").read_text())["command"].replace(
+        str(fresh), str(out)
+    )
+
+
 def test_compare_policies_on_tuning_seeds_for_a_variant(tmp_path: Path) -> None:
     # --tuning admits tuning seeds (and says so); --proposed compares a variant instead
     out = tmp_path / "tune"

@@ -94,6 +94,45 @@ def test_gap_study_writes_all_files(tmp_path: Path) -> None:
     assert doc["seed_split"]["this_study"] == "report" and doc["config"]["seed"] == 1
 
 
+def test_an_interrupted_gap_study_resumes_without_solving_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import topas.studies.gap as gap
+
+    config = GapConfig(
+        families=("chain", "fanout"), task_counts=(2,), instances=1, policies=("fcfs", "topas")
+    )
+    run_gap_study(config, tmp_path / "fresh", progress=False)
+    solve_one, solved = gap._study_job, []
+
+    def stopped_after_one(job):  # type: ignore[no-untyped-def]
+        if solved:
+            raise RuntimeError("interrupted")
+        solved.append(job)
+        return solve_one(job)
+
+    out = tmp_path / "gap"
+    monkeypatch.setattr(gap, "_study_job", stopped_after_one)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_gap_study(config, out, progress=False)
+    assert [p.name for p in out.iterdir()] == [".checkpoint.pkl"]
+    with pytest.raises(ValueError, match=r"holds 1 finished run.*--resume"):
+        run_gap_study(config, out, progress=False)
+    monkeypatch.setattr(gap, "_study_job", lambda job: solved.append(job) or solve_one(job))
+    resumed = run_gap_study(config, out, progress=False, resume=True)
+    assert len(solved) == 2  # the first instance once, the second once
+    assert solved[0][0] == "chain" and solved[1][0] == "fanout"
+    assert "1 of the 2 instances were reused from the checkpoint" in resumed
+    assert not (out / ".checkpoint.pkl").exists()
+
+    def proven(path: Path) -> list[tuple[str, str, str, str]]:
+        with open(path / "runs.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        return [(r["family"], r["policy"], r["optimum"], r["policy_objective"]) for r in rows]
+
+    assert proven(out) == proven(tmp_path / "fresh")
+
+
 @pytest.mark.parametrize(
     "change, words",
     [

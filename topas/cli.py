@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--jobs", type=int, default=1, help="instances solved in parallel")
     gp.add_argument("--out", default="results/gap", help="output folder")
     gp.add_argument("--no-progress", action="store_true")
+    gp.add_argument(
+        "--resume", action="store_true", help="reuse the instances an interrupted run kept in --out"
+    )
     gp.add_argument("--profile", help="server profile of the instances (default: each family's)")
     gp.set_defaults(func=cmd_gap)
 
@@ -384,7 +387,7 @@ def cmd_gap(args: argparse.Namespace) -> None:
         jobs=args.jobs,
         profile=args.profile,
     )
-    summary = run_gap_study(config, args.out, progress=not args.no_progress)
+    summary = run_gap_study(config, args.out, progress=not args.no_progress, resume=args.resume)
     print(summary)
 
 

@@ -7,6 +7,8 @@ worker processes (:func:`run_jobs`, joblib, with a progress bar); rows rendered 
 ``config.json`` (:func:`config_document`) that records the configuration, the command,
 the versions and the date. :func:`write_outputs` writes the folder's files atomically
 once every one of them has been rendered, so a failure leaves no half-written study.
+A long study can keep its finished runs in a :class:`~topas.studies.checkpoint.Checkpoint`
+as they arrive, so that an interrupted run resumes where it stopped.
 
 :class:`StudyConfig` is the base of frozen study configurations: ``to_json`` and
 ``from_json`` round-trip them (tuples come back as tuples), and ``validate`` is called on
@@ -33,6 +35,7 @@ from typing import Any, TypeVar
 
 from topas.errors import InputError
 from topas.instance import write_atomic
+from topas.studies.checkpoint import Checkpoint, job_key
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -144,24 +147,43 @@ def run_jobs(
     progress: bool = True,
     desc: str = "runs",
     unit: str = "run",
+    checkpoint: Checkpoint | None = None,
 ) -> list[R]:
     """``fn(job)`` for every job on ``n_jobs`` worker processes (joblib; -1: every core),
     in the order of ``jobs``. Results arrive in completion order, so the progress bar (on
     stderr) advances as runs finish. ``fn`` must be a module-level function (it is sent
-    to the workers by reference)."""
+    to the workers by reference).
+
+    With a ``checkpoint``, each result is appended to it as it arrives, and a job whose
+    result the checkpoint already holds (same :func:`~topas.studies.checkpoint.job_key`)
+    is not run again: its stored result is returned (``checkpoint.resumed`` counts them)."""
     from joblib import Parallel, delayed
 
-    tasks = (delayed(_indexed)(fn, i, job) for i, job in enumerate(jobs))
+    keys = [job_key(job) for job in jobs]
+    done = checkpoint.load() if checkpoint is not None else {}
+    out: list[Any] = [done.get(k, _MISSING) for k in keys]
+    todo = [i for i, r in enumerate(out) if r is _MISSING]
+    if checkpoint is not None:
+        checkpoint.resumed = len(jobs) - len(todo)
+    tasks = (delayed(_indexed)(fn, i, jobs[i]) for i in todo)
     results: Iterable[tuple[int, R]] = Parallel(n_jobs=n_jobs, return_as="generator_unordered")(
         tasks
     )
     if progress:
         from tqdm import tqdm
 
-        results = tqdm(results, total=len(jobs), desc=desc, unit=unit, file=sys.stderr)
-    out: list[Any] = [_MISSING] * len(jobs)
+        results = tqdm(
+            results,
+            total=len(jobs),
+            initial=len(jobs) - len(todo),
+            desc=desc,
+            unit=unit,
+            file=sys.stderr,
+        )
     for i, r in results:
         out[i] = r
+        if checkpoint is not None:
+            checkpoint.append(keys[i], r)
     assert all(r is not _MISSING for r in out)
     return out
 

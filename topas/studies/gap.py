@@ -55,6 +55,7 @@ from topas.studies import (
     run_jobs,
     write_outputs,
 )
+from topas.studies.checkpoint import Checkpoint
 from topas.studies.gap_plot import plot_gaps
 
 DEFAULT_FAMILIES = ("chain", "fanout", "mixed", "metagpt-sop", "metagpt-tl")
@@ -342,6 +343,7 @@ def run_gap_study(
     out_dir: str | Path,
     progress: bool = True,
     command: str | None = None,
+    resume: bool = False,
 ) -> str:
     """Run the gap study of ``config``; write ``out_dir/{config.json, runs.csv,
     summary.md, gap.png}``; return the summary (markdown).
@@ -349,6 +351,9 @@ def run_gap_study(
     ``command``: the command line to print in the summary (default: the equivalent
     ``topas gap`` command). Bad configuration raises ValueError before any solving; a
     policy beating a proven optimum or a lower bound raises :class:`GapModelError`.
+    Solved instances are kept in ``out_dir``'s checkpoint as they finish
+    (:mod:`topas.studies.checkpoint`); ``resume`` reuses those an interrupted run left,
+    which is otherwise refused (InputError).
     """
     specs = config.resolved_policies()  # validated when the config was built
     out = Path(out_dir)
@@ -362,6 +367,7 @@ def run_gap_study(
         for n in config.task_counts
         for i in range(config.instances)
     ]
+    checkpoint = Checkpoint.open(out, resume)
     per_instance = run_jobs(
         _study_job,
         jobs,
@@ -369,9 +375,10 @@ def run_gap_study(
         progress,
         desc="gap study",
         unit="instance",
+        checkpoint=checkpoint,
     )
     rows = [row for instance_rows in per_instance for row in instance_rows]
-    summary = summarize(rows, config, specs, cmd)
+    summary = summarize(rows, config, specs, cmd) + checkpoint.note(len(jobs), "instances")
     files: dict[str, str | bytes] = {
         "config.json": config_json("optimality gap", gap_params(config, specs), cmd),
         "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
@@ -379,6 +386,7 @@ def run_gap_study(
         "gap.png": plot_gaps(rows, specs),  # rendering sits in its own module
     }
     write_outputs(out, files)
+    checkpoint.remove()
     return summary
 
 
