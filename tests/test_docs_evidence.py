@@ -424,3 +424,18 @@ def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
         "change is {}% mean and {}% p99, against `topas`'s {}% / {}% and `topas-greedy`'s {}% / {}%"
     ).format(*averaged) in text
     assert _worse_cells(every) == 1 and "worse beyond the CI at 1 of 8 points" in text
+
+
+def test_rollout_tl_max_stages_sentence_matches_its_summary(topas_md: str) -> None:
+    """The tuning-seed figures of "Why the rollout does not help at load 1.2" against the
+    committed tuning summary."""
+    summary = (DOCS / "results" / "tuning_rollout_tl12" / "summary.md").read_text()
+    assert "**Tuning seeds**" in summary
+    rows = specs(summary)
+    names = ("topas-rollout:max_stages=256", "topas-rollout", "topas", "topas-greedy")
+    cells = [rows[name][i] for name in names for i in (1, 3)]
+    text = " ".join(section(topas_md, "**On today's five**").split())
+    assert (
+        "is {}% / {}% with `max_stages=256`, against {}% / {}% for the default rollout, "
+        "{}% / {}% for `topas` and {}% / {}% for `topas-greedy`"
+    ).format(*cells) in text
