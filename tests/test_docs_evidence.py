@@ -439,3 +439,68 @@ def test_rollout_tl_max_stages_sentence_matches_its_summary(topas_md: str) -> No
         "is {}% / {}% with `max_stages=256`, against {}% / {}% for the default rollout, "
         "{}% / {}% for `topas` and {}% / {}% for `topas-greedy`"
     ).format(*cells) in text
+
+
+SOP_ROLLOUT = ("compare_rollout_sop_05", "compare_rollout_sop_08", "compare_rollout_sop_10_12")
+
+
+def _analysis(name: str):  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    path = DOCS.parent / "analysis" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
+    """Every cell of the MetaGPT-SOP table of "On today's five" recomputed from the three
+    studies' runs.csv with compare_policies' own comparison, the averages beside it, and
+    the baselines' and ``topas``'s JCTs against the reported comparison's summary."""
+    import csv
+    import json
+
+    import numpy as np
+
+    cp = _analysis("compare_policies")
+    bullet = section(topas_md, "- **MetaGPT-SOP** (2026-12-06", until="\n- **")
+    dedented = "\n".join(line.removeprefix("  ") for line in bullet.splitlines())
+    docs = {row[0]: row[1:] for row in table(dedented, "| load | best baselines |")}
+    reported = (DOCS / "results" / "compare" / "summary.md").read_text()
+    names = ("topas-rollout", "topas", "topas-greedy")
+    changes: dict[str, list[float]] = {f"{n} {m}": [] for n in names for m in ("mean", "p99")}
+    for folder in SOP_ROLLOUT:
+        study = DOCS / "results" / folder
+        cfg = json.loads((study / "config.json").read_text())
+        with (study / "runs.csv").open(newline="") as f:
+            rows = [{**r, "load": float(r["load"])} for r in csv.DictReader(f)]
+        summary = (study / "summary.md").read_text()
+        assert _worse_cells(summary) == 0, folder
+        for load in cfg["loads"]:
+            point = [r for r in rows if r["load"] == load]
+            row = docs.pop(f"{load:.1f}")
+            for col, name in enumerate(names, start=1):
+                cells, best = [], []
+                for metric, short in (("mean_jct", "mean"), ("p99_jct", "p99")):
+                    c = cp.compare_point(point, {**cfg, "proposed": name}, metric)
+                    cells.append(cp.ex.fmt_change(c["change"], c["half"]))
+                    best.append(c["best"])
+                    changes[f"{name} {short}"].append(c["change"])
+                    assert not cp.ex.worse_beyond_ci(c["change"], c["half"]), (load, name)
+                assert row[col] == " / ".join(cells), (load, name)
+                assert row[0] == " / ".join(best), load
+            # the baselines and topas: the reported comparison's JCTs, to 0.1 s
+            for per in ("mean JCT", "p99 JCT"):
+                own = table(section(summary, f"## {per} per policy"), "| workload |")
+                theirs = table(section(reported, f"## {per} per policy"), "| workload |")
+                (a,) = [r for r in own if r[0] == "metagpt-sop" and float(r[1]) == load]
+                (b,) = [r for r in theirs if r[0] == "metagpt-sop" and float(r[1]) == load]
+                assert a[: len(b)] == b, (load, per)
+    assert not docs  # every row of the docs' table has a study
+    averaged = [f"{np.mean(changes[f'{n} {m}']):+.1f}" for n in names for m in ("mean", "p99")]
+    text = " ".join(bullet.split())
+    assert (
+        "Averaged over the loads: rollout {}% / {}%, `topas` {}% / {}%, `topas-greedy` {}% / {}%"
+    ).format(*averaged) in text
