@@ -123,6 +123,8 @@ def test_an_interrupted_gap_study_resumes_without_solving_again(
     assert len(solved) == 2  # the first instance once, the second once
     assert solved[0][0] == "chain" and solved[1][0] == "fanout"
     assert "1 of the 2 instances were reused from the checkpoint" in resumed
+    assert json.loads((out / "config.json").read_text())["resumed_instances"] == 1
+    assert "resumed_instances" not in json.loads((tmp_path / "fresh" / "config.json").read_text())
     assert not (out / ".checkpoint.pkl").exists()
 
     def proven(path: Path) -> list[tuple[str, str, str, str]]:

@@ -379,8 +379,11 @@ def run_gap_study(
     )
     rows = [row for instance_rows in per_instance for row in instance_rows]
     summary = summarize(rows, config, specs, cmd) + checkpoint.note(len(jobs), "instances")
+    params = gap_params(config, specs)
+    if checkpoint.resumed:
+        params["resumed_instances"] = checkpoint.resumed
     files: dict[str, str | bytes] = {
-        "config.json": config_json("optimality gap", gap_params(config, specs), cmd),
+        "config.json": config_json("optimality gap", params, cmd),
         "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
         "summary.md": summary,
         "gap.png": plot_gaps(rows, specs),  # rendering sits in its own module
