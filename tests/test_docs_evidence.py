@@ -504,3 +504,19 @@ def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
     assert (
         "Averaged over the loads: rollout {}% / {}%, `topas` {}% / {}%, `topas-greedy` {}% / {}%"
     ).format(*averaged) in text
+
+
+def test_rollout_max_stages_on_reporting_seeds_matches_its_summary(topas_md: str) -> None:
+    """The reporting-seed figures of `topas-rollout:max_stages=256` on MetaGPT-TL at load
+    1.2 against its summary (the default rollout's against the same summary)."""
+    summary = (DOCS / "results" / "compare_rollout256_tl12" / "summary.md").read_text()
+    (row,) = table(_part(summary, "metagpt-tl"), "| load |")
+    assert row[0] == "1.2" and (row[1], row[5]) == ("spf", "parrot-fcfs")
+    assert _worse_cells(summary) == 0
+    text = " ".join(section(topas_md, "**On today's five**").split())
+    assert f"its mean is {row[4]}% against `spf` and its p99 {row[8]}% against" in text
+    default = specs(summary)["topas-rollout"]
+    assert f"where the default rollout's mean is worse ({default[1]} ± 4.4%)" in text
+    every = (DOCS / "results" / "compare_rollout_tl" / "summary.md").read_text()
+    (then,) = [r for r in table(_part(every, "metagpt-tl"), "| load |") if r[0] == "1.2"]
+    assert then[4] == f"{default[1]} ± 4.4 worse"  # the same runs as the all-loads study
