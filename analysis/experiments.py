@@ -40,7 +40,7 @@ from topas.schedule import Metrics, evaluate
 from topas.simulator import simulate
 from topas.studies import StudyParams, md_table, run_jobs, study_files, write_outputs
 from topas.studies import config_json as study_config_json
-from topas.studies.checkpoint import Checkpoint
+from topas.studies.checkpoint import Checkpoint, add_resume_option, replayable
 from topas.studies.gap import TUNING_SEED_MIN
 from topas.workloads import WORKLOADS, generate
 
@@ -362,7 +362,7 @@ def run_study(
     as they arrive, and the checkpoint is deleted once the files are written. A
     checkpoint left by an interrupted run is refused (bad input) unless ``resume``, which
     reuses its runs; the summary then says how many were reused."""
-    command = shlex.join(["python", script, *(a for a in argv if a != "--resume")])
+    command = shlex.join(["python", script, *replayable(argv)])
     cfg = StudyParams(cfg)  # validated by the study's command line: frozen from here on
     checkpoint = open_checkpoint(Path(cfg["out"]), resume)
     start = time.perf_counter()
@@ -559,11 +559,7 @@ def add_tuning_option(ap: argparse.ArgumentParser) -> None:
 def add_run_options(ap: argparse.ArgumentParser) -> None:
     """``--no-progress`` and ``--resume``, the options of how a study runs."""
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument(
-        "--resume",
-        action="store_true",
-        help="reuse the finished runs an interrupted run of this study kept in --out",
-    )
+    add_resume_option(ap)
 
 
 def study_seeds(args: Any) -> list[int]:

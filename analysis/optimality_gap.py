@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from topas.oracle.problem import BACKENDS
 from topas.policies import split_specs
 from topas.studies import default_policies
+from topas.studies.checkpoint import add_resume_option, replayable
 from topas.studies.gap import (
     DEFAULT_FAMILIES,
     REPORT_STUDY_SEED,
@@ -64,9 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", default=None, help="server profile (default: each family's)")
     ap.add_argument("--out", default="results/gap", help="output folder")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument(
-        "--resume", action="store_true", help="reuse the instances an interrupted run kept in --out"
-    )
+    add_resume_option(ap, "instances")
     return ap
 
 
@@ -106,9 +105,7 @@ def config_from_args(args: argparse.Namespace) -> GapConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    command = shlex.join(
-        ["python", "analysis/optimality_gap.py", *(a for a in argv if a != "--resume")]
-    )
+    command = shlex.join(["python", "analysis/optimality_gap.py", *replayable(argv)])
     try:
         config = config_from_args(args)
         summary = run_gap_study(

@@ -116,6 +116,12 @@ def test_a_checkpoint_is_not_started_over_without_resume(tmp_path):
     Checkpoint.open(tmp_path, resume=False).append(job_key(1), 1)
     with pytest.raises(InputError, match=r"holds 1 finished run.*--resume"):
         Checkpoint.open(tmp_path, resume=False)
+    path = tmp_path / CHECKPOINT_NAME
+    torn = path.read_bytes() + b"\x80"  # a second record cut short
+    path.write_bytes(torn)
+    with pytest.raises(InputError, match="holds 1 finished run"):
+        Checkpoint.open(tmp_path, resume=False)
+    assert path.read_bytes() == torn  # the refusal leaves the file as it was
     assert Checkpoint.open(tmp_path, resume=True).load() == {job_key(1): 1}
     checkpoint = Checkpoint.open(tmp_path, resume=True)
     checkpoint.remove()

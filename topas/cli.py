@@ -30,6 +30,7 @@ from topas.runs import (
     timing_mode,
 )
 from topas.schedule import Metrics
+from topas.studies.checkpoint import add_resume_option
 from topas.timing import TIMING_MODES
 
 EXIT_USAGE = 2
@@ -155,9 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--jobs", type=int, default=1, help="instances solved in parallel")
     gp.add_argument("--out", default="results/gap", help="output folder")
     gp.add_argument("--no-progress", action="store_true")
-    gp.add_argument(
-        "--resume", action="store_true", help="reuse the instances an interrupted run kept in --out"
-    )
+    add_resume_option(gp, "instances")
     gp.add_argument("--profile", help="server profile of the instances (default: each family's)")
     gp.set_defaults(func=cmd_gap)
 

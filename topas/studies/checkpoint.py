@@ -16,10 +16,11 @@ before it, when the checkpoint is opened for resuming.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,23 @@ from topas.errors import InputError
 
 CHECKPOINT_NAME = ".checkpoint.pkl"
 """The checkpoint's file name inside a study's output folder (hidden, git-ignored)."""
+
+RESUME_FLAG = "--resume"
+"""The command-line flag of every study that keeps a checkpoint."""
+
+
+def add_resume_option(parser: argparse.ArgumentParser, what: str = "runs") -> None:
+    """A study's ``--resume`` flag (``what``: the study's unit of work, for the help)."""
+    parser.add_argument(
+        RESUME_FLAG,
+        action="store_true",
+        help=f"reuse the finished {what} an interrupted run of this study kept in --out",
+    )
+
+
+def replayable(argv: Sequence[str]) -> list[str]:
+    """``argv`` as a study records it: ``--resume`` says how it ran, not what it is."""
+    return [a for a in argv if a != RESUME_FLAG]
 
 
 def job_key(job: Any) -> str:
@@ -51,20 +69,20 @@ class Checkpoint:
         choice. Nothing is created until the first result is appended."""
         checkpoint = cls(Path(out) / CHECKPOINT_NAME)
         if checkpoint.path.exists() and not resume:
-            n = len(checkpoint.load())
+            n = len(checkpoint.load(repair=False))  # a refusal leaves the file as it is
             raise InputError(
                 f"{checkpoint.path}: holds {n} finished run(s) of an interrupted study; "
                 "pass --resume to continue it, or delete the file to start over"
             )
         return checkpoint
 
-    def load(self) -> dict[Hashable, Any]:
-        """Every complete record; a trailing record cut short is dropped (and truncated
-        away, so that records appended after it can be read back)."""
+    def load(self, repair: bool = True) -> dict[Hashable, Any]:
+        """Every complete record; a trailing record cut short is dropped (and, with
+        ``repair``, truncated away, so that records appended after it can be read back)."""
         records: dict[Hashable, Any] = {}
         if not self.path.exists():
             return records
-        with self.path.open("rb+") as f:
+        with self.path.open("rb+" if repair else "rb") as f:
             good = 0
             while True:
                 try:
@@ -73,7 +91,7 @@ class Checkpoint:
                     break
                 records[key] = result
                 good = f.tell()
-            if good != os.fstat(f.fileno()).st_size:
+            if repair and good != os.fstat(f.fileno()).st_size:
                 f.truncate(good)
         return records
 
