@@ -1,8 +1,11 @@
-"""Shared test helpers: compact instance builders and a hypothesis strategy."""
+"""Shared test helpers: compact instance builders, a hypothesis strategy, and a loader
+for the scripts of ``analysis/``."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -17,6 +20,18 @@ settings.register_profile(
     "dev", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
+
+
+def load_analysis(name: str):  # type: ignore[no-untyped-def]
+    """The script ``analysis/<name>.py`` as a fresh module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ANALYSIS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def stage(sid: str, agent: str, inp: int, out: int, deps=(), pred: int | None = None) -> dict:

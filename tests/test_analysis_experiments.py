@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 from topas.policies import BASELINES
 
@@ -18,15 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / "analysis"
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(name, ANALYSIS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = _load("experiments")
+ex = load_analysis("experiments")
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -191,7 +183,7 @@ def test_compare_policies_end_to_end(tmp_path: Path) -> None:
 def test_an_interrupted_study_resumes_to_the_same_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module = _load("compare_policies")
+    module = load_analysis("compare_policies")
     args = ["--workloads", "chain", "--loads", "0.8", "--seeds", "2", "--tasks", "6"]
     args += ["--policies", "fcfs,lpm,topas", "--jobs", "1", "--no-progress"]  # 6 runs, in order
     fresh = tmp_path / "fresh"
@@ -262,7 +254,7 @@ def test_compare_policies_on_tuning_seeds_for_a_variant(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("script", ["compare_policies", "ablation"])
 def test_tuning_admits_tuning_seeds_and_marks_the_run(tmp_path: Path, script: str) -> None:
-    module = _load(script)
+    module = load_analysis(script)
     out = str(tmp_path / "out")
     cfg = module.config_from_args(
         module.build_parser().parse_args(["--seeds", "1000,3", "--tuning", "--out", out])
@@ -326,7 +318,7 @@ def test_bad_input(
     culprit: str,
 ) -> None:
     out = tmp_path / "out"
-    module = _load(script)
+    module = load_analysis(script)
     assert module.ex.run_cli(module.main, [*args, "--out", str(out)]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()

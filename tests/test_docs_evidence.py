@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
@@ -444,17 +445,6 @@ def test_rollout_tl_max_stages_sentence_matches_its_summary(topas_md: str) -> No
 SOP_ROLLOUT = ("compare_rollout_sop_05", "compare_rollout_sop_08", "compare_rollout_sop_10_12")
 
 
-def _analysis(name: str):  # type: ignore[no-untyped-def]
-    import importlib.util
-
-    path = DOCS.parent / "analysis" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
     """Every cell of the MetaGPT-SOP table of "On today's five" recomputed from the three
     studies' runs.csv with compare_policies' own comparison, the averages beside it, and
@@ -464,7 +454,7 @@ def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
 
     import numpy as np
 
-    cp = _analysis("compare_policies")
+    cp = load_analysis("compare_policies")
     bullet = section(topas_md, "- **MetaGPT-SOP** (2026-12-06", until="\n- **")
     dedented = "\n".join(line.removeprefix("  ") for line in bullet.splitlines())
     docs = {row[0]: row[1:] for row in table(dedented, "| load | best baselines |")}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import random_instances
+from conftest import load_analysis, random_instances
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,14 +32,6 @@ from topas.studies.gap import (
 from topas.workloads import small_instance
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "analysis" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # --------------------------------------------------------------------------- the study
@@ -202,7 +193,7 @@ def test_is_proven_only_by_the_solver_status() -> None:
 
 
 def test_analysis_script_adds_ablations_to_registered() -> None:
-    mod = _load_script("optimality_gap")
+    mod = load_analysis("optimality_gap")
     args = mod.build_parser().parse_args(["--policies", "lpm:max_sorted=4", "--backend", "cbc"])
     config = mod.config_from_args(args)
     assert config.policies == (*default_policies(), "lpm:max_sorted=4")
