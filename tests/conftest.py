@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,16 @@ ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
 
 
 def load_analysis(name: str):  # type: ignore[no-untyped-def]
-    """The script ``analysis/<name>.py`` as a fresh module (the scripts are not a package)."""
+    """The script ``analysis/<name>.py`` as a fresh module (the scripts are not a package),
+    loaded as running it would: with ``analysis/`` on ``sys.path`` (the scripts import
+    one another) and the module registered under its name (dataclasses and pickle look a
+    class's module up by name)."""
+    if str(ANALYSIS) not in sys.path:
+        sys.path.insert(0, str(ANALYSIS))
     spec = importlib.util.spec_from_file_location(name, ANALYSIS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 from topas.policies import PolicyContext, make_policy
 from topas.state import Decision
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "analysis" / "bench_decision.py"
-_spec = importlib.util.spec_from_file_location("bench_decision", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_decision"] = bench  # dataclasses look their module up by name
-_spec.loader.exec_module(bench)
+bench = load_analysis("bench_decision")
 
 
 def _run(*args: str, out: Path) -> subprocess.CompletedProcess:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,19 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_analysis
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "fit_timing.py"
 
 
-def _load_module():
-    spec = importlib.util.spec_from_file_location("fit_timing", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fit_timing"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ft = _load_module()
+ft = load_analysis("fit_timing")
 
 # Tolerances the fitted four-term model must meet against the measured (shape-scaled) T(n).
 # The measured curve is a staircase (GEMM tile/wave quantisation) that no straight line

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "analysis" / "gpu_iteration_times.py"
 DATA = ROOT / "analysis" / "data" / "h200_iteration_times_a.json"
 
-spec = importlib.util.spec_from_file_location("gpu_iteration_times", SCRIPT)
-git = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(git)
+git = load_analysis("gpu_iteration_times")
 
 TRUE = dict(base_s=0.005, prefill_token_s=2.5e-5, decode_seq_s=1.5e-5, kv_token_s=3e-8)
 

@@ -6,11 +6,10 @@ test_profile_plumbing.py; every number checked here is explained in docs/profile
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 from topas.profiles import (
     A100_80GB_MIB,
@@ -34,17 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COEFFICIENTS = ("base_s", "prefill_token_s", "decode_seq_s", "kv_token_s")
 
 
-def _fit_timing():
-    spec = importlib.util.spec_from_file_location(
-        "fit_timing_for_profiles", ROOT / "analysis" / "fit_timing.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ft = _fit_timing()
+ft = load_analysis("fit_timing")
 
 
 # ---------------------------------------------------------------------------- model shapes
@@ -190,11 +179,7 @@ def test_the_fit_reproduces_the_stored_coefficients(name):
 
 
 def test_h200_coefficients_are_the_compare_refit():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_iteration_times_for_profiles", ROOT / "analysis" / "gpu_iteration_times.py"
-    )
-    git = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(git)
+    git = load_analysis("gpu_iteration_times")
     import json
 
     points = json.loads((ROOT / "analysis/data/h200_iteration_times_a.json").read_text())["points"]

@@ -4,7 +4,6 @@ its analysis on hand-made rows, and its bad-input handling."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,21 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / "analysis"
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(ANALYSIS))
-    spec = importlib.util.spec_from_file_location(name, ANALYSIS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-rp = _load("reproduce_paper")
+rp = load_analysis("reproduce_paper")
 
 
 def _script(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import jcts_across_processes, make, random_instances, stage, task
+from conftest import jcts_across_processes, load_analysis, make, random_instances, stage, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_policies import make_resident, ready, released
@@ -324,20 +322,12 @@ def test_lp_error_script_hand_checked():
     # analysis/lp_error.py: the vectorised longest path of a diamond a -> {b, c} -> d with
     # services 1, 5, 2, 1 is 1 + 5 + 1 = 7; with no noise the approximation equals Monte
     # Carlo, so the error is 0
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     import numpy as np
 
     from topas.instance import Stage, Task
     from topas.workloads import generate
 
-    root = Path(__file__).resolve().parents[1] / "analysis"
-    sys.path.insert(0, str(root))
-    spec = importlib.util.spec_from_file_location("lp_error", root / "lp_error.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_analysis("lp_error")
     t = Task(
         "t",
         0.0,
@@ -358,15 +348,7 @@ def test_a_starving_stage_is_not_left_behind_in_a_memory_bound_stream():
     # analysis/starvation.py's memory-bound stream: the cold stage needs its prefix and
     # the memory of six hot stages. Without the reservation its JCT grows with the stream
     # like lpm's; with it (reserve=2, the default) it stays within 1.5x of the shortest's.
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "analysis" / "starvation.py"
-    spec = importlib.util.spec_from_file_location("starvation", path)
-    starvation = importlib.util.module_from_spec(spec)
-    sys.modules["starvation"] = starvation
-    spec.loader.exec_module(starvation)
+    starvation = load_analysis("starvation")
     rows = starvation.run_starvation(
         (160, 640), ("topas", "topas:reserve=0"), seeds=(0,), bounds=("memory",)
     )
@@ -720,13 +702,7 @@ def test_an_addition_the_greedy_search_does_not_pack_is_one_pack_refuses():
     """The greedy search scores an addition to R_t whose prompt cannot fit without packing
     it; in a serving loop with many agents, every such addition is one _pack refuses, and
     some additions are of that kind (so the shortcut is exercised)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "analysis" / "bench_decision.py"
-    spec = importlib.util.spec_from_file_location("bench_decision", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_decision", bench)
-    spec.loader.exec_module(bench)
+    bench = load_analysis("bench_decision")
     inst = bench.make_instance(16, 0)
     loop = bench.ServingLoop(inst, 100, 0)
     policy = make_policy("topas")

@@ -17,18 +17,14 @@ without it (topas:reserve=0) it grows like lpm's: 7.92x.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("starvation", ROOT / "analysis" / "starvation.py")
-starvation = importlib.util.module_from_spec(_spec)
-sys.modules["starvation"] = starvation  # dataclasses look their module up by name
-_spec.loader.exec_module(starvation)
+starvation = load_analysis("starvation")
 
 LENGTHS = (160, 320, 640, 1280)  # the shortest stream (30 s) outlasts topas's aging (~26 s)
 FACTORS = dict(zip(LENGTHS, (1, 2, 4, 8), strict=True))
