@@ -510,3 +510,22 @@ def test_rollout_max_stages_on_reporting_seeds_matches_its_summary(topas_md: str
     every = (DOCS / "results" / "compare_rollout_tl" / "summary.md").read_text()
     (then,) = [r for r in table(_part(every, "metagpt-tl"), "| load |") if r[0] == "1.2"]
     assert then[4] == f"{default[1]} ± 4.4 worse"  # the same runs as the all-loads study
+
+
+def test_rollout_at_every_scale_in_the_papers_setting_matches_its_summary(topas_md: str) -> None:
+    """`topas-rollout:max_stages=256` on the three DAG families (seeds 20-29): the docs'
+    peaks and tally against its summary, the default rollout's column against its own."""
+    text = section(topas_md, "**Rolling out at every scale in the paper's setting**")
+    docs = table(text, "| workload | paper mean / p99 | `max_stages=256`")
+    ours = side_by_side((DOCS / "results" / "paper_rollout256" / "summary.md").read_text())
+    default = side_by_side((DOCS / "results" / "paper_rollout" / "summary.md").read_text())
+    assert [r[0] for r in docs] == list(ours) == ["chain-3", "dag-4", "dag-10-wide"]
+    for row in docs:
+        s, d = ours[row[0]], default[row[0]]
+        assert numbers(row[2]) == numbers(s[2])[:2] + numbers(s[5])[:2], row[0]
+        assert numbers(row[3]) == numbers(d[2])[:1] + numbers(d[5])[:1], row[0]
+    wins, ties, losses = _tally((DOCS / "results" / "paper_rollout256" / "summary.md").read_text())
+    assert (wins, ties, losses) == _tally(
+        (DOCS / "results" / "paper_rollout" / "summary.md").read_text()
+    )
+    assert f"{wins} wins, {ties} ties, **{losses} losses**" in " ".join(text.split())
