@@ -18,12 +18,10 @@ without it (topas:reserve=0) it grows like lpm's: 7.92x.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import load_analysis
 
-ROOT = Path(__file__).resolve().parents[1]
 starvation = load_analysis("starvation")
 
 LENGTHS = (160, 320, 640, 1280)  # the shortest stream (30 s) outlasts topas's aging (~26 s)
