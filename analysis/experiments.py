@@ -370,8 +370,7 @@ def run_study(
     wall_s = time.perf_counter() - start
     summary = summarize(rows, cfg, command, wall_s) + checkpoint.note(len(rows))
     params = {**cfg.to_json(), "runs": len(rows), "wall_s": round(wall_s, 3)}
-    if checkpoint.resumed:
-        params["resumed_runs"] = checkpoint.resumed
+    params |= checkpoint.params()
     files = study_files(study, with_split(params), command, rows, summary, RUN_COLUMNS)
     files.update({name: render(rows, cfg) for name, render in plots.items()})
     write_outputs(Path(cfg["out"]), files)

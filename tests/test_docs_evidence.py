@@ -517,15 +517,14 @@ def test_rollout_at_every_scale_in_the_papers_setting_matches_its_summary(topas_
     peaks and tally against its summary, the default rollout's column against its own."""
     text = section(topas_md, "**Rolling out at every scale in the paper's setting**")
     docs = table(text, "| workload | paper mean / p99 | `max_stages=256`")
-    ours = side_by_side((DOCS / "results" / "paper_rollout256" / "summary.md").read_text())
-    default = side_by_side((DOCS / "results" / "paper_rollout" / "summary.md").read_text())
+    ours_md = (DOCS / "results" / "paper_rollout256" / "summary.md").read_text()
+    default_md = (DOCS / "results" / "paper_rollout" / "summary.md").read_text()
+    ours, default = side_by_side(ours_md), side_by_side(default_md)
     assert [r[0] for r in docs] == list(ours) == ["chain-3", "dag-4", "dag-10-wide"]
     for row in docs:
         s, d = ours[row[0]], default[row[0]]
         assert numbers(row[2]) == numbers(s[2])[:2] + numbers(s[5])[:2], row[0]
         assert numbers(row[3]) == numbers(d[2])[:1] + numbers(d[5])[:1], row[0]
-    wins, ties, losses = _tally((DOCS / "results" / "paper_rollout256" / "summary.md").read_text())
-    assert (wins, ties, losses) == _tally(
-        (DOCS / "results" / "paper_rollout" / "summary.md").read_text()
-    )
+    wins, ties, losses = _tally(ours_md)
+    assert (wins, ties, losses) == _tally(default_md)
     assert f"{wins} wins, {ties} ties, **{losses} losses**" in " ".join(text.split())

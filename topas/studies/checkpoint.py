@@ -113,6 +113,10 @@ class Checkpoint:
             "each run's own times are those it was run with.\n"
         )
 
+    def params(self, unit: str = "runs") -> dict[str, int]:
+        """The config.json entry on the runs the last call reused ({} when none)."""
+        return {f"resumed_{unit}": self.resumed} if self.resumed else {}
+
     def remove(self) -> None:
         """Delete the file (the study's outputs are written)."""
         self.path.unlink(missing_ok=True)

@@ -379,9 +379,7 @@ def run_gap_study(
     )
     rows = [row for instance_rows in per_instance for row in instance_rows]
     summary = summarize(rows, config, specs, cmd) + checkpoint.note(len(jobs), "instances")
-    params = gap_params(config, specs)
-    if checkpoint.resumed:
-        params["resumed_instances"] = checkpoint.resumed
+    params = gap_params(config, specs) | checkpoint.params("instances")
     files: dict[str, str | bytes] = {
         "config.json": config_json("optimality gap", params, cmd),
         "runs.csv": rows_to_csv(rows, RUN_COLUMNS),
