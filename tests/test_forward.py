@@ -16,11 +16,13 @@ import math
 import pytest
 from conftest import make, random_instances, stage, task
 from hypothesis import given, settings
+from test_policies import ready, released
 
 from topas.forward import Forward
 from topas.instance import Instance
 from topas.policies import make_policy
 from topas.policies.base import Policy, PolicyContext
+from topas.policies.rollout import CUTOFF_SLACK_S
 from topas.simulator import simulate
 from topas.state import Decision, Phase, PrefixStatus, State
 
@@ -168,3 +170,57 @@ def test_a_policy_that_does_not_pickle_is_deep_copied_instead():
     thawed = frozen.thaw(resumed)
     assert frozen._data is None and thawed is not policy and thawed.ctx is policy.ctx
     assert check_forecasts(inst, Unpicklable(), "step") >= 1
+
+
+# --------------------------------------------------------------------------- cutoff
+
+
+def test_a_rollout_stops_once_its_jcts_must_pass_the_cutoff():
+    # One task, a chain s0 -> s1 on agent a, released at 0 (step model, 1 s steps, chunk
+    # 10). The decision loads a (1 step) and admits s0, which runs 1..6 (ceil(10/10) + 4
+    # steps); s1 runs 6..9 (1 + 2): JCT 9. The floor (the time the task has waited plus
+    # its unadmitted stages' path) is 1 + 3 = 4 at step 1 and 6 + 3 = 9 at step 6, before
+    # s1 is admitted: a cutoff of 9 lets the run finish, 8.5 stops it at step 6 and 3.9
+    # at step 1.
+    inst = make(
+        {"a": 10}, [task("t", 0, stage("s0", "a", 10, 4), stage("s1", "a", 10, 2, ["s0"]))], 30
+    )
+    state = released(inst)
+    lpm = ready("lpm", inst)
+    decision = lpm.decide(state)
+    assert decision.admit == (("t", "s0"),)
+    forward = Forward(lpm.ctx)
+    known = forward.instance(state)
+    assert forward.jct_sum(state, known, decision, lpm) == 9
+    assert forward.jct_sum(state, known, decision, lpm, cutoff=9) == 9
+    assert forward.jct_sum(state, known, decision, lpm, cutoff=8.5) == math.inf
+    assert forward.jct_sum(state, known, decision, lpm, cutoff=3.9) == math.inf
+
+
+class Bounded(Forecaster):
+    """A Forecaster that forecasts the sum of the JCTs twice: in full, and with a cutoff
+    at that sum (plus the rollout's slack)."""
+
+    def decide(self, state: State) -> Decision:
+        decision = self.inner.decide(state)
+        if state.tasks:
+            inst = self.forward.instance(state)
+            full = self.forward.jct_sum(state, inst, decision, self.inner)
+            cut = self.forward.jct_sum(state, inst, decision, self.inner, full + CUTOFF_SLACK_S)
+            self.forecasts.append((state.time, {"full": full, "cut": cut}))
+        self.forward.note(state, decision)
+        return decision
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_instances(max_tasks=3, max_stages=4))
+def test_the_floor_never_passes_the_jcts_it_bounds_in_both_timing_modes(inst):
+    # A rollout stops only on proof: the floor it checks (finished JCTs, the time the
+    # others have waited, their unadmitted paths at the least stage times) never passes
+    # the sum it bounds, so a cutoff at that sum never stops it.
+    for timing in ("step", "calibrated"):
+        for spec in ("topas", "lpm", "parrot-fcfs"):
+            policy = Bounded(spec)
+            simulate(inst, policy, timing=timing)
+            for at, f in policy.forecasts:
+                assert f["cut"] == f["full"], (timing, spec, at)

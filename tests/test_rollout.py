@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from unittest import mock
 
 import pytest
 from conftest import jcts_across_processes, make, random_instances, stage, task
@@ -13,6 +15,7 @@ from test_search import r_runs_beside_a_waiting_s
 
 from topas.errors import InputError
 from topas.policies import make_policy
+from topas.policies import rollout as rollout_module
 from topas.policies.rollout import distinct, variants
 from topas.schedule import evaluate
 from topas.simulator import simulate
@@ -88,6 +91,20 @@ def test_never_worse_than_its_bases_when_every_task_is_known(inst):
     for base in BASES:
         own = evaluate(simulate(inst, make_policy(base), timing="step"))
         assert rollout.objective_steps <= own.objective_steps, base
+
+
+@settings(max_examples=20, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
+def test_stopping_rollouts_at_the_cutoff_changes_no_decision(inst):
+    # A rollout that cannot beat the best so far is stopped (Forward.jct_sum's cutoff);
+    # the floor it stops on never passes the sum it bounds (test_forward), so the runs
+    # are those of rollouts all run to their end (an infinite slack), in both timing
+    # modes, with arrivals and prediction errors.
+    for timing in ("step", "calibrated"):
+        cut = simulate(inst, make_policy("topas-rollout"), timing=timing)
+        with mock.patch.object(rollout_module, "CUTOFF_SLACK_S", math.inf):
+            full = simulate(inst, make_policy("topas-rollout"), timing=timing)
+        assert cut.runs == full.runs and cut.prefixes == full.prefixes, timing
 
 
 def test_variants_are_applicable_and_distinct_drops_repeats():

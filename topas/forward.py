@@ -28,7 +28,7 @@ import pickle
 
 from topas.instance import Agent, HostLoad, Instance, Stage, Task
 from topas.policies.base import Policy, PolicyContext
-from topas.simulator import ENGINES, SimulationError
+from topas.simulator import ENGINES, PastCutoff, SimulationError
 from topas.state import Decision, Phase, PrefixStatus, State, TaskInfo
 
 
@@ -89,19 +89,24 @@ class Forward:
         return Frozen(policy, state)
 
     def completions(
-        self, state: State, instance: Instance, decision: Decision, policy: Policy | Frozen
+        self,
+        state: State,
+        instance: Instance,
+        decision: Decision,
+        policy: Policy | Frozen,
+        cutoff: float = math.inf,
     ) -> dict[str, float] | None:
         """When each task of ``state`` finishes if ``decision`` is applied now and a copy
         of ``policy`` (in step with ``state``; :class:`Frozen` for one copied many times)
         decides afterwards; None if that stalls (a base policy waiting for an arrival
-        that the forward model does not have). ``instance`` is :meth:`instance` of
-        ``state``."""
+        that the forward model does not have) or if the JCTs are sure to sum past
+        ``cutoff`` (the run stops there). ``instance`` is :meth:`instance` of ``state``."""
         frozen = policy if isinstance(policy, Frozen) else Frozen(policy, state)
-        engine = self._engine.resumed(instance, _Idle(), state, dict(self.loads_done))
+        engine = self._engine.resumed(instance, _Idle(), state, dict(self.loads_done), cutoff)
         engine.policy = frozen.thaw(engine.state)
         try:
             schedule = engine.run_from(decision)
-        except SimulationError:
+        except (SimulationError, PastCutoff):
             return None
         done: dict[str, float] = {}
         for run in schedule.runs:
@@ -110,11 +115,17 @@ class Forward:
         return done
 
     def jct_sum(
-        self, state: State, instance: Instance, decision: Decision, policy: Policy | Frozen
+        self,
+        state: State,
+        instance: Instance,
+        decision: Decision,
+        policy: Policy | Frozen,
+        cutoff: float = math.inf,
     ) -> float:
         """What a rollout minimises: the sum of the JCTs (completion less release) of
-        ``state``'s tasks under :meth:`completions`; infinite if that stalls."""
-        done = self.completions(state, instance, decision, policy)
+        ``state``'s tasks under :meth:`completions`; infinite if that stalls or passes
+        ``cutoff``."""
+        done = self.completions(state, instance, decision, policy, cutoff)
         if done is None:
             return math.inf
         return sum(done[tid] - info.release for tid, info in state.tasks.items())

@@ -62,6 +62,11 @@ class SimulationError(RuntimeError):
     """The run cannot go on: the policy stalled or broke the model's rules."""
 
 
+class PastCutoff(Exception):
+    """A resumed run stopped early: its tasks' JCTs already sum to more than its
+    ``cutoff`` (:meth:`_Engine.resumed`), so it cannot beat the rollout that set it."""
+
+
 def simulate(
     instance: Instance,
     policy: Policy,
@@ -143,12 +148,23 @@ class _Engine:
         self.load_started: dict[str, float] = {}
         self.resident_from: dict[str, float] = {}
         self.stages_left = instance.num_stages
+        self.cutoff = math.inf  # a resumed run's bound on its sum of JCTs (resumed's doc)
+        self.jct_done = 0.0  # sum of the JCTs of the tasks finished so far
+        self.open_tasks = 0  # released, unfinished tasks (counted in resumed runs only)
+        self.open_release = 0.0  # the sum of their release times
+        self.path_floor: dict[str, float] = {}  # task -> its unadmitted stages' least path (s)
+        self.path_floor_sum = 0.0
         # releases in order of (release time, task order)
         self.pending = deque(sorted(range(len(instance.tasks)), key=self.release_key))
 
     @classmethod
     def resumed(
-        cls, instance: Instance, policy: Policy, state: State, loads_done: dict[str, float]
+        cls,
+        instance: Instance,
+        policy: Policy,
+        state: State,
+        loads_done: dict[str, float],
+        cutoff: float = math.inf,
     ) -> _Engine:
         """An engine that goes on from ``state``, a policy's view of a run at a scheduling
         point, with ``policy`` (already reset): the forward model of a lookahead
@@ -160,9 +176,20 @@ class _Engine:
 
         What the state does not tell is taken as the worst case: a stage admitted or
         still in its prefill has all of its prefill ahead, and so has a prompt loading by
-        recompute in the calibrated model."""
+        recompute in the calibrated model.
+
+        ``cutoff`` bounds the sum of the tasks' JCTs: once the tasks finished so far and
+        the time the others have already waited sum to more than it, the run raises
+        :class:`PastCutoff` (a rollout that cannot beat the best one so far stops
+        there)."""
         engine = cls(instance, policy, debug=False, predicted=None, progress=None)
         engine._restore(state, loads_done)
+        engine.cutoff = cutoff
+        engine.open_tasks = len(engine.state.tasks)
+        engine.open_release = math.fsum(t.release for t in engine.state.tasks.values())
+        if cutoff < math.inf:
+            for tid in engine.state.tasks:
+                engine.refloor(tid)
         return engine
 
     def _restore(self, state: State, loads_done: dict[str, float]) -> None:
@@ -249,6 +276,9 @@ class _Engine:
         for ref in decision.admit:
             self.admitted_at[ref] = (st.time, hits.get(ref, False))
             self.on_admit(ref)
+        if self.cutoff < math.inf:
+            for tid in {ref[0] for ref in decision.admit}:
+                self.refloor(tid)
         for ref in started:
             self.on_start(ref)
         return started
@@ -288,7 +318,13 @@ class _Engine:
         self.schedule.runs.append(
             StageRun(ref[0], ref[1], agent, admit, start, now, preempted=False, prefix_hit=hit)
         )
+        release = st.tasks[ref[0]].release
         ready = complete_stage(st, ref, now - start)
+        if self.open_tasks and ref[0] not in st.tasks:  # a resumed run's task is done
+            self.jct_done += now - release
+            self.open_tasks -= 1
+            self.open_release -= release
+            self.path_floor_sum -= self.path_floor.pop(ref[0], 0.0)
         self.stages_left -= 1
         if self.progress is not None:
             self.progress(1)
@@ -310,6 +346,33 @@ class _Engine:
         for agent in list(self.load_started):
             self.close_prefix(agent, end)
         self.schedule.prefixes.sort(key=lambda p: (p.load_start, p.agent))
+
+    def check_cutoff(self, now: float) -> None:
+        """Raise :class:`PastCutoff` where the JCTs are sure to sum past ``cutoff``: every
+        unfinished task ends no sooner than ``now`` plus its :meth:`refloor` path."""
+        floor = self.jct_done + self.open_tasks * now - self.open_release + self.path_floor_sum
+        if floor > self.cutoff:
+            raise PastCutoff
+
+    def refloor(self, tid: str) -> None:
+        """Task ``tid``'s least time left after now: its longest dependency path through
+        the stages not yet admitted, each weighted by :meth:`stage_floor_s` (an admitted
+        stage weighs nothing, so the path only shrinks as the run goes on)."""
+        st = self.state
+        info = st.tasks[tid]
+        done_by: dict[str, float] = {}
+        for sid in info.topo_order:
+            ref = (tid, sid)
+            own = self.stage_floor_s(ref) if st.phase[ref] <= Phase.WAITING else 0.0
+            deps = info.stages[sid].deps
+            done_by[sid] = own + max((done_by[d] for d in deps), default=0.0)
+        path = max(done_by.values(), default=0.0)
+        self.path_floor_sum += path - self.path_floor.get(tid, 0.0)
+        self.path_floor[tid] = path
+
+    def stage_floor_s(self, ref: StageRef) -> float:
+        """The least time a stage takes from its admission (engine-specific)."""
+        raise NotImplementedError
 
     def stalled(self) -> SimulationError:
         st = self.state
@@ -358,6 +421,10 @@ class StepEngine(_Engine):
 
     def release_key(self, i: int) -> tuple[float, int]:
         return (self.st_timing.release(self.inst.tasks[i].arrival), i)
+
+    def stage_floor_s(self, ref: StageRef) -> float:
+        s = self.inst.stage(ref)  # rule 2: d_v steps from its start
+        return self.st_timing.stage_steps(s.input_tokens, s.output_tokens) * self.st_timing.step_s
 
     def on_start(self, ref: StageRef) -> None:
         super().on_start(ref)
@@ -451,6 +518,8 @@ class StepEngine(_Engine):
                 event = True
             if self.stages_left == 0:
                 break
+            if self.cutoff < math.inf:
+                self.check_cutoff(st.time)
             # Rule 12: consult the policy where a stage waits or a load could help.
             woke = wake is not None and wake <= t
             if event or woke or (not self.policy.event_driven and self._may_act()):
@@ -597,6 +666,11 @@ class CalibratedEngine(_Engine):
         self.overrunning.discard(ref)
         self.dirty = True
 
+    def stage_floor_s(self, ref: StageRef) -> float:
+        # each output token takes an iteration of its own, and no iteration is shorter
+        # than base_s (iteration_s)
+        return self.inst.stage(ref).output_tokens * self.cost.base_s
+
     def _ctx(self, live: _Live) -> int:
         return live.ctx0 + (self.decode_iter - live.join_iter)
 
@@ -660,6 +734,8 @@ class CalibratedEngine(_Engine):
     def _loop(self) -> Schedule:
         st = self.state
         while self.stages_left > 0:
+            if self.cutoff < math.inf:
+                self.check_cutoff(self.now)
             self._handle_time_events()
             if self.dirty or (self.wake is not None and self.wake <= self.now):
                 self.dirty = False

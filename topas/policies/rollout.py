@@ -18,7 +18,9 @@ rollout with several base heuristics):
   their predicted lengths, no arrivals) and followed by a copy of each base policy
   (``cross``; else of the base that proposed it, TOPAS for the others) until every known
   task is done. A candidate's cost is the sum of the known tasks' JCTs under its best
-  continuation.
+  continuation. A rollout stops as soon as it cannot beat the best so far (its finished
+  tasks' JCTs plus the time the others have already waited pass it), which changes no
+  choice.
 - **Choice.** The cheapest candidate is decided; ties go to the earlier candidate, so
   TOPAS's own decision stands unless a rollout shows a better one. A decision that serves
   a starving stage first (TOPAS's reservation) is taken as it is, so the starvation bound
@@ -51,6 +53,12 @@ from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
 DEFAULT_BASES = "topas+topas-greedy+lpm+parrot-fcfs"
 """The base policies of ``topas-rollout`` (docs/topas.md has how they were chosen)."""
+
+CUTOFF_SLACK_S = 1e-6
+"""A rollout stops once its JCTs are sure to sum past the best so far plus this much (s).
+It is far above the rounding between the engine's running sum and the final one, so a
+stopped rollout could not have won (a win needs a cost 1e-9 s below the best), and the
+choice is the one that running every rollout to its end makes."""
 
 
 @dataclass
@@ -121,7 +129,8 @@ class Rollout(Policy):
         best, best_cost = candidates[0], math.inf
         for i in candidates:
             for j in range(len(self.policies)) if self.cross else (proposers[i],):
-                cost = self.forward.jct_sum(state, instance, decisions[i], frozen[j])
+                cutoff = best_cost + CUTOFF_SLACK_S  # stop a rollout that cannot win
+                cost = self.forward.jct_sum(state, instance, decisions[i], frozen[j], cutoff)
                 self.rollouts += 1
                 if cost < best_cost - 1e-9:  # infinite: the base waits for an arrival
                     best, best_cost = i, cost
