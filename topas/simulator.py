@@ -178,10 +178,9 @@ class _Engine:
         still in its prefill has all of its prefill ahead, and so has a prompt loading by
         recompute in the calibrated model.
 
-        ``cutoff`` bounds the sum of the tasks' JCTs: once the tasks finished so far and
-        the time the others have already waited sum to more than it, the run raises
-        :class:`PastCutoff` (a rollout that cannot beat the best one so far stops
-        there)."""
+        ``cutoff`` bounds the sum of the tasks' JCTs: once a floor under that sum
+        (:meth:`check_cutoff`) passes it, the run raises :class:`PastCutoff` (a rollout
+        that cannot beat the best one so far stops there)."""
         engine = cls(instance, policy, debug=False, predicted=None, progress=None)
         engine._restore(state, loads_done)
         engine.cutoff = cutoff
