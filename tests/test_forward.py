@@ -212,8 +212,36 @@ class Bounded(Forecaster):
         return decision
 
 
-@settings(max_examples=30, deadline=None)
-@given(random_instances(max_tasks=3, max_stages=4))
+def test_the_floor_counts_only_the_tokens_a_retracted_stage_has_left():
+    # Found by hypothesis (tests below, more examples): an 8-token budget, t1's s0
+    # predicted at 1 token and making 4. It overruns, is retracted when decode memory runs
+    # out, and keeps the tokens it made (the calibrated engine re-prefills them). A floor
+    # that weighed its whole output again passed the rollout's own sum (7.415 s at
+    # t=2.138) and stopped it; weighing the tokens it has left does not.
+    inst = make(
+        {"a0": 1},
+        [
+            task("t0", 0, stage("s0", "a0", 1, 4), stage("s1", "a0", 1, 1)),
+            task("t1", 0, stage("s0", "a0", 1, 4, pred=1)),
+        ],
+        capacity=8,
+        chunk=4,
+        cost={
+            "kind": "linear",
+            "base_s": 1.0,
+            "prefill_token_s": 0.01,
+            "decode_seq_s": 0.05,
+            "kv_token_s": 0.001,
+        },
+    )
+    policy = Bounded("topas")
+    sched = simulate(inst, policy, timing="calibrated")
+    assert any(run.preempted for run in sched.runs)
+    assert policy.forecasts and all(f["cut"] == f["full"] for _, f in policy.forecasts)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
 def test_the_floor_never_passes_the_jcts_it_bounds_in_both_timing_modes(inst):
     # A rollout stops only on proof: the floor it checks (finished JCTs, the time the
     # others have waited, their unadmitted paths at the least stage times) never passes

@@ -666,9 +666,11 @@ class CalibratedEngine(_Engine):
         self.dirty = True
 
     def stage_floor_s(self, ref: StageRef) -> float:
-        # each output token takes an iteration of its own, and no iteration is shorter
-        # than base_s (iteration_s)
-        return self.inst.stage(ref).output_tokens * self.cost.base_s
+        # each output token still to make takes an iteration of its own (a retracted stage
+        # keeps the tokens it made: _restore_stage), and no iteration is shorter than
+        # base_s (iteration_s)
+        left = self.inst.stage(ref).output_tokens - self.state.generated.get(ref, 0)
+        return max(left, 0) * self.cost.base_s
 
     def _ctx(self, live: _Live) -> int:
         return live.ctx0 + (self.decode_iter - live.join_iter)
