@@ -18,9 +18,8 @@ rollout with several base heuristics):
   their predicted lengths, no arrivals) and followed by a copy of each base policy
   (``cross``; else of the base that proposed it, TOPAS for the others) until every known
   task is done. A candidate's cost is the sum of the known tasks' JCTs under its best
-  continuation. A rollout stops as soon as it cannot beat the best so far (its finished
-  tasks' JCTs plus the time the others have already waited pass it), which changes no
-  choice.
+  continuation. A rollout stops as soon as it cannot beat the best so far (a floor under
+  its sum of JCTs passes it: ``Engine.resumed``'s ``cutoff``), which changes no choice.
 - **Choice.** The cheapest candidate is decided; ties go to the earlier candidate, so
   TOPAS's own decision stands unless a rollout shows a better one. A decision that serves
   a starving stage first (TOPAS's reservation) is taken as it is, so the starvation bound
