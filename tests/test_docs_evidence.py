@@ -528,3 +528,20 @@ def test_rollout_at_every_scale_in_the_papers_setting_matches_its_summary(topas_
     wins, ties, losses = _tally(ours_md)
     assert (wins, ties, losses) == _tally(default_md)
     assert f"{wins} wins, {ties} ties, **{losses} losses**" in " ".join(text.split())
+
+
+def test_rollout_at_every_scale_on_metagpt_tl_paper_matches_its_summary(topas_md: str) -> None:
+    """`topas-rollout:max_stages=256` on MetaGPT-TL-paper (seeds 20-29): the docs' peak
+    cuts and tally against its summary, the default rollout's column against its own."""
+    text = section(topas_md, "**MetaGPT-TL-paper with `max_stages=256`**")
+    docs = table(text, "| workload | paper mean / p99 | `max_stages=256`")
+    ours_md = (DOCS / "results" / "paper_rollout256_tl" / "summary.md").read_text()
+    default_md = (DOCS / "results" / "paper_rollout_tl" / "summary.md").read_text()
+    ours, default = side_by_side(ours_md), side_by_side(default_md)
+    assert [r[0] for r in docs] == list(ours) == ["metagpt-tl-paper"]
+    for row in docs:
+        s, d = ours[row[0]], default[row[0]]
+        assert numbers(row[2]) == numbers(s[2])[:2] + numbers(s[5])[:2], row[0]
+        assert numbers(row[3]) == numbers(d[2])[:1] + numbers(d[5])[:1], row[0]
+    wins, ties, losses = _tally(ours_md)
+    assert f"{wins} wins, {ties} ties, **{losses} loss" in " ".join(text.split())
