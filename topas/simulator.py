@@ -149,9 +149,8 @@ class _Engine:
         self.resident_from: dict[str, float] = {}
         self.stages_left = instance.num_stages
         self.cutoff = math.inf  # a resumed run's bound on its sum of JCTs (resumed's doc)
-        self.jct_done = 0.0  # sum of the JCTs of the tasks finished so far
-        self.open_tasks = 0  # released, unfinished tasks (counted in resumed runs only)
-        self.open_release = 0.0  # the sum of their release times
+        self.jct_done = 0.0  # with a cutoff: the sum of the finished tasks' JCTs
+        self.open_release = 0.0  # ... and of the unfinished tasks' release times
         self.path_floor: dict[str, float] = {}  # task -> its unadmitted stages' least path (s)
         self.path_floor_sum = 0.0
         # releases in order of (release time, task order)
@@ -184,9 +183,8 @@ class _Engine:
         engine = cls(instance, policy, debug=False, predicted=None, progress=None)
         engine._restore(state, loads_done)
         engine.cutoff = cutoff
-        engine.open_tasks = len(engine.state.tasks)
-        engine.open_release = math.fsum(t.release for t in engine.state.tasks.values())
         if cutoff < math.inf:
+            engine.open_release = math.fsum(t.release for t in engine.state.tasks.values())
             for tid in engine.state.tasks:
                 engine.refloor(tid)
         return engine
@@ -317,13 +315,12 @@ class _Engine:
         self.schedule.runs.append(
             StageRun(ref[0], ref[1], agent, admit, start, now, preempted=False, prefix_hit=hit)
         )
-        release = st.tasks[ref[0]].release
-        ready = complete_stage(st, ref, now - start)
-        if self.open_tasks and ref[0] not in st.tasks:  # a resumed run's task is done
+        if self.cutoff < math.inf and st.unfinished[ref[0]] == 1:  # the task's last stage
+            release = st.tasks[ref[0]].release
             self.jct_done += now - release
-            self.open_tasks -= 1
             self.open_release -= release
             self.path_floor_sum -= self.path_floor.pop(ref[0], 0.0)
+        ready = complete_stage(st, ref, now - start)
         self.stages_left -= 1
         if self.progress is not None:
             self.progress(1)
@@ -349,7 +346,8 @@ class _Engine:
     def check_cutoff(self, now: float) -> None:
         """Raise :class:`PastCutoff` where the JCTs are sure to sum past ``cutoff``: every
         unfinished task ends no sooner than ``now`` plus its :meth:`refloor` path."""
-        floor = self.jct_done + self.open_tasks * now - self.open_release + self.path_floor_sum
+        open_tasks = len(self.state.tasks)  # a resumed run has no arrivals
+        floor = self.jct_done + open_tasks * now - self.open_release + self.path_floor_sum
         if floor > self.cutoff:
             raise PastCutoff
 
