@@ -4,12 +4,13 @@ Reads ``runs.csv`` of a ``compare_policies.py`` or ``reproduce_paper.py`` study 
 every policy, at every load, at (mean JCT, p99 JCT), each the mean over the study's
 seeds. A family of specs that differ in one numeric parameter (``--family
 guarded_spf:GuardedSPF:guard``: every spec ``guarded_spf:GuardedSPF:guard=X``) is joined
-by a line in the parameter's order. The axes frame the Pareto front, the family and
-TOPAS, so a policy far behind on both metrics may fall outside. Prints, per load, the
-policies that no other policy of the study beats on both metrics (the Pareto front), and
-whether any policy reaches the best mean and the best p99 of the others at once.
+by a line in the parameter's order; ``--family`` may be given more than once, one line
+each. The axes frame the Pareto front, the families and TOPAS, so a policy far behind on
+both metrics may fall outside. Prints, per load, the policies that no other policy of
+the study beats on both metrics (the Pareto front), and whether any policy reaches the
+best mean and the best p99 of the others at once.
 
-    python analysis/frontier.py RESULTS_DIR [--workload W] [--family SPEC:PARAM]
+    python analysis/frontier.py RESULTS_DIR [--workload W] [--family SPEC:PARAM ...]
         [--out RESULTS_DIR/frontier.png]
 
 Bad input (no runs.csv, a missing column, a workload or family the study does not have):
@@ -121,7 +122,14 @@ def report(curves: Mapping[float, Mapping[str, Point]], workload: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(curves: Mapping[float, Mapping[str, Point]], workload: str, family: str | None) -> bytes:
+FAMILY_COLOURS = ("grey", "tab:olive", "tab:cyan", "tab:pink")
+"""The line of each ``--family``, in the order given (the policies' own markers use the
+default colour cycle)."""
+
+
+def plot(
+    curves: Mapping[float, Mapping[str, Point]], workload: str, families: Sequence[str] = ()
+) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,19 +144,22 @@ def plot(curves: Mapping[float, Mapping[str, Point]], workload: str, family: str
         ax.axis("off")
     for ax, load in zip(flat, loads, strict=False):
         at = curves[load]
-        members = family_members(list(at), family) if family else []
-        if members:
+        lined: list[str] = []
+        for k, family in enumerate(families):
+            members = family_members(list(at), family)
+            colour = FAMILY_COLOURS[k % len(FAMILY_COLOURS)]
             xs = [at[s][0] for _, s in members]
             ys = [at[s][1] for _, s in members]
-            ax.plot(xs, ys, "-", color="grey", lw=1, marker=".", label=family.rsplit(":", 1)[-1])
+            ax.plot(xs, ys, "-", color=colour, lw=1, marker=".", label=family)
             for (value, _), x, y in zip(members, xs, ys, strict=True):
-                ax.annotate(f"{value:g}", (x, y), fontsize=7, color="grey")
-        others = [p for p in at if p not in {s for _, s in members}]
+                ax.annotate(f"{value:g}", (x, y), fontsize=7, color=colour)
+            lined += [s for _, s in members]
+        others = [p for p in at if p not in set(lined)]
         for i, p in enumerate(sorted(others)):
             style = ex.line_style(i, highlight=p.startswith("topas"))
             style.pop("lw", None)
             ax.plot(*at[p], linestyle="none", label=p, **style)
-        _zoom(ax, at, [s for _, s in members])
+        _zoom(ax, at, lined)
         ax.set_title(f"{workload}, load {load:g}")
         ax.set_xlabel("mean JCT (s)")
         ax.set_ylabel("p99 JCT (s)")
@@ -161,7 +172,7 @@ def plot(curves: Mapping[float, Mapping[str, Point]], workload: str, family: str
 
 
 def _zoom(ax: Any, at: Mapping[str, Point], family: Sequence[str]) -> None:
-    """Axes around the Pareto front, the family and TOPAS (10% margin): a policy far
+    """Axes around the Pareto front, the families and TOPAS (10% margin): a policy far
     behind on both metrics is left off the chart rather than squeezing the rest."""
     shown = [at[p] for p in {*pareto(at), *family, *(p for p in at if p.startswith("topas"))}]
     for lo, hi, setter in (
@@ -176,7 +187,12 @@ def main(argv: Sequence[str]) -> int:
     ap = ex.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", help="a study's output folder (with runs.csv)")
     ap.add_argument("--workload", help="the workload to plot (default: the study's only one)")
-    ap.add_argument("--family", help="SPEC:PARAM: join the specs SPEC:PARAM=X by a line")
+    ap.add_argument(
+        "--family",
+        action="append",
+        default=[],
+        help="SPEC:PARAM: join the specs SPEC:PARAM=X by a line (repeat for more families)",
+    )
     ap.add_argument("--out", help="the PNG to write (default: FOLDER/frontier.png)")
     args = ap.parse_args(argv)
     folder = Path(args.folder)
@@ -190,8 +206,10 @@ def main(argv: Sequence[str]) -> int:
     elif workload not in workloads:
         raise ex.CliError(f"--workload: {workload!r} is not in the study ({', '.join(workloads)})")
     curves = points(rows, workload)
-    if args.family and not family_members(sorted({r["policy"] for r in rows}), args.family):
-        raise ex.CliError(f"--family: no spec {args.family}=X among the study's policies")
+    policies = sorted({r["policy"] for r in rows})
+    for family in args.family:
+        if not family_members(policies, family):
+            raise ex.CliError(f"--family: no spec {family}=X among the study's policies")
     out = Path(args.out) if args.out else folder / "frontier.png"
     if out.suffix != ".png":
         raise ex.CliError(f"--out: a .png file expected, got {str(out)!r}")

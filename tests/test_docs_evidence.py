@@ -189,6 +189,7 @@ def test_ablation_table_matches_its_summary(topas_md: str) -> None:
     [
         ("| policy | mean, 1.0 | mean, 1.2 | p99", "sop_tradeoff"),
         ("| policy | mean, 0.8 | mean, 1.0 | mean, 1.2 | mean, 1.5 |", "sop_frontier"),
+        ("| boost policy | mean, 0.8 | mean, 1.0 | mean, 1.2 | mean, 1.5 |", "sop_boost"),
     ],
 )
 def test_policy_by_load_tables_match_their_summaries(topas_md: str, header, study) -> None:

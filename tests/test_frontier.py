@@ -108,11 +108,29 @@ def test_the_command_prints_the_front_and_writes_the_plot(study: Path, capsys) -
     assert (study / "frontier.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_two_families_are_each_drawn(study: Path, capsys) -> None:
+    rows = list(csv.DictReader((study / "runs.csv").open()))
+    for seed in (20, 21):  # a second family: one point between the guards, one behind 400
+        rows += [
+            run("b:B:scale=50", 1.0, seed, 12.5, 25),
+            run("b:B:scale=800", 1.0, seed, 11.5, 40),
+        ]
+    write_runs(study, rows)
+    args = [str(study), "--family", "g:G:guard", "--family", "b:B:scale"]
+    plain = frontier.plot(frontier.points(rows, "w"), "w", ["g:G:guard"])
+    assert frontier.main(args) == 0
+    both = (study / "frontier.png").read_bytes()
+    assert both.startswith(b"\x89PNG") and both != plain  # the second line is drawn
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |"))
+    assert "b:B:scale=50 (12.5 / 25.0)" in row and "scale=800" not in row
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
         (["--workload", "nope"], "'nope' is not in the study"),
         (["--family", "g:G:other"], "no spec g:G:other=X"),
+        (["--family", "g:G:guard", "--family", "b:B:scale"], "no spec b:B:scale=X"),
         (["--out", "x.svg"], "a .png file expected"),
         (["--out", "no/such/x.png"], "no such folder 'no/such'"),
     ],
