@@ -53,9 +53,11 @@ class Boost(SPF):
     scale: float = 60.0  # 1 / gamma, in seconds
     name = "boost"
 
-    def reset(self, ctx: PolicyContext) -> None:
+    def check(self) -> None:
         if not self.scale >= 0 or math.isinf(self.scale):
             raise InputError(f"scale: must be a finite number of seconds >= 0, got {self.scale!r}")
+
+    def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
         self._key: dict[str, float] = {}
 

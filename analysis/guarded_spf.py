@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from topas.errors import InputError
-from topas.policies.base import PolicyContext, admit_in_order
+from topas.policies.base import admit_in_order
 from topas.policies.baselines import SPF, by_task_value
 from topas.state import Decision, State
 
@@ -40,10 +40,9 @@ class GuardedSPF(SPF):
     guard: float | None = None  # seconds since release after which a task goes first
     name = "guarded-spf"
 
-    def reset(self, ctx: PolicyContext) -> None:
+    def check(self) -> None:
         if self.guard is not None and not self.guard >= 0:
             raise InputError(f"guard: must be >= 0 seconds, got {self.guard!r}")
-        super().reset(ctx)
 
     def decide(self, state: State) -> Decision:
         remaining = self.remaining(state)

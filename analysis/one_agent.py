@@ -62,10 +62,12 @@ class OneAgent(Policy):
     next: str = "oldest"  # the next visit: oldest | most (module doc)
     name = "one-agent"
 
-    def reset(self, ctx: PolicyContext) -> None:
-        super().reset(ctx)
+    def check(self) -> None:
         if self.next not in NEXT_RULES:
             raise InputError(f"next: unknown rule {self.next!r} (valid: {', '.join(NEXT_RULES)})")
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
         self.agent: str | None = None  # the agent being visited
         self.since = 0.0  # when its visit began
 

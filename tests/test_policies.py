@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from conftest import kv_of, make, stage, task
 
+from topas.errors import InputError
 from topas.policies import (
     BASELINES,
     REGISTRY,
@@ -113,6 +114,22 @@ def test_bad_specs_raise_one_line_errors(spec, message):
         make_policy(spec)
     assert "\n" not in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("topas:search=best", "search: unknown mode 'best'"),
+        ("topas:max_changes=0", "max_changes >= 1"),
+        ("topas-rollout:bases=lpm+topas", "first base must be a TOPAS"),
+        ("topas-rollout:bases=topas+lpm:nope=1", "unknown parameter 'nope'"),
+    ],
+)
+def test_a_parameter_out_of_range_is_refused_as_the_policy_is_built(spec, message):
+    # Policy.check runs in make_policy, so a study refuses the spec before any run
+    with pytest.raises(InputError, match=message) as info:
+        make_policy(spec)
+    assert "\n" not in str(info.value)
 
 
 def test_unknown_name_lists_every_choice():

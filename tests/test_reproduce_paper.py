@@ -112,6 +112,15 @@ def test_cut_against_the_best_baseline_by_hand() -> None:
             "'topas-rollout:reuse=0,aging=0'",
         ),
         (("--topas-base", "topas:nope=1"), "--topas-base: bad policy spec 'topas:nope=1'"),
+        # a parameter out of range is refused as the spec is read, before any run
+        (
+            ("--policies", "fcfs,topas,topas:search=best"),
+            "--policies: bad policy spec 'topas:search=best': search: unknown mode 'best'",
+        ),
+        (
+            ("--policies", "fcfs,topas,guarded_spf:GuardedSPF:guard=-1"),
+            "guard: must be >= 0 seconds, got -1.0",
+        ),
         (("--ratios", "0.5,1.2"), "--ratios"),
     ],
 )

@@ -90,6 +90,7 @@ def make_policy(spec: str) -> Policy:
     except TypeError as e:
         raise PolicySpecError(f"policy spec {spec!r}: {e}") from None
     policy.name = spec if params else spec_name
+    policy.check()
     return policy
 
 

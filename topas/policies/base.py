@@ -41,8 +41,15 @@ class Policy:
     name: str = "policy"
     event_driven: bool = True
 
+    def check(self) -> None:
+        """Raise :class:`~topas.errors.InputError` for a parameter out of its range.
+        :func:`topas.policies.make_policy` calls it as it builds the policy, so a study
+        refuses a bad spec before any run; :meth:`reset` calls it again, for a policy
+        built directly."""
+
     def reset(self, ctx: PolicyContext) -> None:
         """Called once before a run."""
+        self.check()
         self.ctx = ctx
 
     def decide(self, state: State) -> Decision:

@@ -71,9 +71,11 @@ class Rollout(Policy):
     max_stages: int = 64  # roll out while the released tasks have at most this many stages left
     name = "topas-rollout"
 
-    def reset(self, ctx: PolicyContext) -> None:
-        super().reset(ctx)
-        from topas.forward import Forward  # the simulator, lazily (topas.forward's doc)
+    def check(self) -> None:
+        self._bases()
+
+    def _bases(self) -> list[Policy]:
+        """The base policies, built from ``bases`` (each checked by ``make_policy``)."""
         from topas.policies import make_policy
 
         names = [n.strip() for n in self.bases.split("+")]
@@ -81,12 +83,19 @@ class Rollout(Policy):
             raise InputError(f"bases: expected policy specs joined by '+', got {self.bases!r}")
         if self.max_stages < 0 or self.alternatives < 0:
             raise InputError("max_stages and alternatives must be >= 0")
-        self.policies = [make_policy(n) for n in names]
-        if not isinstance(self.policies[0], TOPAS):
+        policies = [make_policy(n) for n in names]
+        if not isinstance(policies[0], TOPAS):
             raise InputError(f"bases: the first base must be a TOPAS spec, got {names[0]!r}")
+        if any(isinstance(p, Rollout) for p in policies):
+            raise InputError("bases: a rollout cannot be a base of a rollout")
+        return policies
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        from topas.forward import Forward  # the simulator, lazily (topas.forward's doc)
+
+        self.policies = self._bases()
         for p in self.policies:
-            if isinstance(p, Rollout):
-                raise InputError("bases: a rollout cannot be a base of a rollout")
             p.reset(ctx)
         self.forward = Forward(ctx)
         self.chosen: Policy = self.policies[0]  # whose decision was taken last

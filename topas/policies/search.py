@@ -510,8 +510,7 @@ class TOPAS(Policy):
     jit: bool = False  # load a prompt for next hops only when its load is due; wake then
     name = "topas"
 
-    def reset(self, ctx: PolicyContext) -> None:
-        super().reset(ctx)
+    def check(self) -> None:
         for name, what, valid in (
             ("search", "mode", SEARCH_MODES),
             ("age_form", "form", AGE_FORMS),
@@ -521,6 +520,9 @@ class TOPAS(Policy):
                 raise InputError(f"{name}: unknown {what} {value!r} (valid: {', '.join(valid)})")
         if self.enumerate_max < 0 or self.max_changes < 1:
             raise InputError("enumerate_max must be >= 0 and max_changes >= 1")
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
         self.model = ServiceModel()
         self._pred = Predictions(ctx)
         self._mean_path = 0.0  # mean predicted critical path of the tasks seen (H_age)
