@@ -540,6 +540,15 @@ def test_rollout_at_every_scale_in_the_papers_setting_matches_its_summary(topas_
     assert ours == default
 
 
+def test_rollout_at_every_scale_on_fresh_seeds_matches_its_summary(topas_md: str) -> None:
+    """The same on seeds 30-39: the docs' peaks and tally against its summary, the
+    default rollout's column against that of the default rollout on the same seeds."""
+    text = section(topas_md, "**The same on fresh seeds 30-39**")
+    families = ["chain-3", "dag-4", "dag-10-wide"]
+    ours, default = _check_rollout256(text, "paper_rollout256_30", "paper_rollout_30", families)
+    assert ours == default == ("27", "3", "0")
+
+
 def test_rollout_at_every_scale_on_metagpt_tl_paper_matches_its_summary(topas_md: str) -> None:
     """`topas-rollout:max_stages=256` on MetaGPT-TL-paper (seeds 20-29): the docs' peak
     cuts and tally against its summary, the default rollout's column against its own."""
