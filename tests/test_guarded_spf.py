@@ -9,23 +9,16 @@ invariant and across processes.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from conftest import jcts_across_processes, random_instances
+from conftest import random_instances
 from hypothesis import given
+from probes import probe_checks
 from test_paper_baselines import A2, B2, C1, D2, four_orders_world, ready
-from test_properties import check_schedule
 
-from topas import workloads
 from topas.errors import InputError
 from topas.policies import make_policy
 from topas.simulator import simulate
-from topas.verify import verify_step
 
-ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
-sys.path.insert(0, str(ANALYSIS))
 SPEC = "guarded_spf:GuardedSPF"
 
 
@@ -74,21 +67,6 @@ def test_the_two_ends_of_the_family_are_the_baselines(timing, guard, same_as, in
     assert ours.prefixes == theirs.prefixes
 
 
-@given(inst=random_instances())
-def test_step_invariants(inst) -> None:
-    sched = simulate(inst, make_policy(f"{SPEC}:guard=4"), timing="step", debug=True)
-    check_schedule(inst, sched)
-    verify_step(sched)
-
-
-@given(inst=random_instances())
-def test_calibrated_invariants(inst) -> None:
-    sched = simulate(inst, make_policy(f"{SPEC}:guard=2.5"), timing="calibrated", debug=True)
-    check_schedule(inst, sched)
-
-
-def test_decisions_do_not_depend_on_the_process(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(ANALYSIS))
-    inst = workloads.small_instance("fanout", seed=1)
-    first, second = jcts_across_processes(tmp_path, inst, f"{SPEC}:guard=20")
-    assert first == second
+test_step_invariants, test_calibrated_invariants, test_decisions_do_not_depend_on_the_process = (
+    probe_checks([f"{SPEC}:guard=4"], f"{SPEC}:guard=2.5", f"{SPEC}:guard=20")
+)

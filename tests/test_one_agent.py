@@ -6,23 +6,13 @@ simulator under every invariant (hypothesis, both timing modes) and across proce
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from conftest import jcts_across_processes, make, random_instances, stage, task
-from hypothesis import given
+from conftest import make, stage, task
+from probes import probe_checks
 from test_paper_baselines import ready, release, resident_state, start
-from test_properties import check_schedule
 
-from topas import workloads
 from topas.errors import InputError
-from topas.policies import make_policy
-from topas.simulator import simulate
-from topas.verify import verify_step
 
-ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
-sys.path.insert(0, str(ANALYSIS))
 SPEC = "one_agent:OneAgent"
 
 
@@ -93,25 +83,9 @@ def test_other_prompts_are_evicted_to_make_room() -> None:
     assert d.evict == ("a",) and d.admit == (("B", "b1"),)  # b's prompt comes with it
 
 
-@pytest.mark.parametrize("gated", [False, True])
-@given(inst=random_instances())
-def test_step_invariants(gated: bool, inst) -> None:
-    sched = simulate(inst, make_policy(f"{SPEC}:gated={int(gated)}"), timing="step", debug=True)
-    check_schedule(inst, sched)
-    verify_step(sched)
-
-
-@given(inst=random_instances())
-def test_calibrated_invariants(inst) -> None:
-    sched = simulate(inst, make_policy(SPEC), timing="calibrated", debug=True)
-    check_schedule(inst, sched)
-
-
-def test_decisions_do_not_depend_on_the_process(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(ANALYSIS))
-    inst = workloads.small_instance("fanout", seed=1)
-    first, second = jcts_across_processes(tmp_path, inst, SPEC)
-    assert first == second
+test_step_invariants, test_calibrated_invariants, test_decisions_do_not_depend_on_the_process = (
+    probe_checks([f"{SPEC}:gated=0", f"{SPEC}:gated=1"], SPEC, SPEC)
+)
 
 
 def test_next_most_visits_the_longest_queue_and_oldest_the_longest_wait() -> None:
