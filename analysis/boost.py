@@ -4,8 +4,9 @@ Past saturation `spf` (task-level SRPT) has the lowest mean JCT of the registere
 baselines and `parrot-fcfs` (application-level FCFS) the lowest p99. In the M/G/1 queue
 with light-tailed job sizes FCFS has the optimal decay rate of the response-time tail,
 and Yu and Scully's gamma-Boost ("Strongly Tail-Optimal Scheduling in the Light-Tailed
-M/G/1", SIGMETRICS 2024, arXiv 2404.08826) keeps that rate while lowering the tail's
-constant and the mean: it serves jobs in order of a *boosted* arrival time
+M/G/1", SIGMETRICS 2024, arXiv 2404.08826) keeps that rate and brings the tail's
+constant down to the optimal one, serving small jobs much sooner than FCFS does. It
+serves jobs in order of a *boosted* arrival time
 ``release - b(size)``, with ``b(s) = (1/gamma) * ln(1 / (1 - exp(-gamma * s)))``, so a
 small job is served as if it had arrived earlier and a large one nearly at its arrival.
 
