@@ -6,9 +6,9 @@ with light-tailed job sizes FCFS has the optimal decay rate of the response-time
 and Yu and Scully's gamma-Boost ("Strongly Tail-Optimal Scheduling in the Light-Tailed
 M/G/1", SIGMETRICS 2024, arXiv 2404.08826) keeps that rate and brings the tail's
 constant down to the optimal one, serving small jobs much sooner than FCFS does. It
-serves jobs in order of a *boosted* arrival time
-``release - b(size)``, with ``b(s) = (1/gamma) * ln(1 / (1 - exp(-gamma * s)))``, so a
-small job is served as if it had arrived earlier and a large one nearly at its arrival.
+serves jobs in order of a *boosted* arrival time ``release - b(size)``, with ``b(s) =
+(1/gamma) * ln(1 / (1 - exp(-gamma * s)))``, so a small job is served as if it had
+arrived earlier and a large one nearly at its arrival.
 
 This probe applies that order to tasks: a task's size is its predicted work when it is
 first seen (the sum of ``PolicyContext.predict.service_s`` over its stages, `spf`'s
