@@ -556,3 +556,14 @@ def test_rollout_at_every_scale_on_metagpt_tl_paper_matches_its_summary(topas_md
     tl = ["metagpt-tl-paper"]
     ours, default = _check_rollout256(text, "paper_rollout256_tl", "paper_rollout_tl", tl)
     assert ours == ("10", "0", "0") and default == ("9", "0", "1")
+
+
+def test_rollout_at_every_scale_on_metagpt_tl_paper_fresh_seeds_matches_its_summary(
+    topas_md: str,
+) -> None:
+    """The same on seeds 30-39 at loads 1.2 and 1.5, against the default rollout's
+    summary on those seeds (all five loads)."""
+    text = section(topas_md, "**MetaGPT-TL-paper with `max_stages=256` on fresh seeds")
+    tl = ["metagpt-tl-paper"]
+    ours, default = _check_rollout256(text, "paper_rollout256_tl_30", "paper_rollout_tl_30", tl)
+    assert ours == ("4", "0", "0") and default == ("9", "1", "0")
