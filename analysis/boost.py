@@ -63,13 +63,15 @@ class Boost(SPF):
         self._key: dict[str, float] = {}
 
     def decide(self, state: State) -> Decision:
-        remaining = self.remaining(state)
         tasks, keys = state.tasks, self._key
         for tid in [t for t in keys if t not in tasks]:
             del keys[tid]
+        remaining = None  # spf's measure, made only when a task is first seen
 
         def key(tid: str) -> float:
+            nonlocal remaining
             if tid not in keys:  # first seen: nothing of it has run, so this is its size
+                remaining = remaining or self.remaining(state)
                 keys[tid] = tasks[tid].release - boost_s(remaining(tid), self.scale)
             return keys[tid]
 

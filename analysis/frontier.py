@@ -22,7 +22,7 @@ from __future__ import annotations
 import csv
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,7 @@ def plot(
         ax.axis("off")
     for ax, load in zip(flat, loads, strict=False):
         at = curves[load]
-        lined: list[str] = []
+        lined: set[str] = set()
         for k, family in enumerate(families):
             members = family_members(list(at), family)
             colour = FAMILY_COLOURS[k % len(FAMILY_COLOURS)]
@@ -153,8 +153,8 @@ def plot(
             ax.plot(xs, ys, "-", color=colour, lw=1, marker=".", label=family)
             for (value, _), x, y in zip(members, xs, ys, strict=True):
                 ax.annotate(f"{value:g}", (x, y), fontsize=7, color=colour)
-            lined += [s for _, s in members]
-        others = [p for p in at if p not in set(lined)]
+            lined.update(s for _, s in members)
+        others = [p for p in at if p not in lined]
         for i, p in enumerate(sorted(others)):
             style = ex.line_style(i, highlight=p.startswith("topas"))
             style.pop("lw", None)
@@ -171,7 +171,7 @@ def plot(
     return png
 
 
-def _zoom(ax: Any, at: Mapping[str, Point], family: Sequence[str]) -> None:
+def _zoom(ax: Any, at: Mapping[str, Point], family: Collection[str]) -> None:
     """Axes around the Pareto front, the families and TOPAS (10% margin): a policy far
     behind on both metrics is left off the chart rather than squeezing the rest."""
     shown = [at[p] for p in {*pareto(at), *family, *(p for p in at if p.startswith("topas"))}]

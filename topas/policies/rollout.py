@@ -72,10 +72,9 @@ class Rollout(Policy):
     name = "topas-rollout"
 
     def check(self) -> None:
-        self._bases()
-
-    def _bases(self) -> list[Policy]:
-        """The base policies, built from ``bases`` (each checked by ``make_policy``)."""
+        """Build the base policies from ``bases`` into ``policies`` (each checked by
+        ``make_policy``) and check them; :meth:`reset` (through ``Policy.reset``) so gets
+        a fresh set for each run, built once."""
         from topas.policies import make_policy
 
         names = [n.strip() for n in self.bases.split("+")]
@@ -88,13 +87,12 @@ class Rollout(Policy):
             raise InputError(f"bases: the first base must be a TOPAS spec, got {names[0]!r}")
         if any(isinstance(p, Rollout) for p in policies):
             raise InputError("bases: a rollout cannot be a base of a rollout")
-        return policies
+        self.policies = policies
 
     def reset(self, ctx: PolicyContext) -> None:
-        super().reset(ctx)
+        super().reset(ctx)  # check() builds self.policies afresh
         from topas.forward import Forward  # the simulator, lazily (topas.forward's doc)
 
-        self.policies = self._bases()
         for p in self.policies:
             p.reset(ctx)
         self.forward = Forward(ctx)
