@@ -164,7 +164,11 @@ def plot(
         ax.set_xlabel("mean JCT (s)")
         ax.set_ylabel("p99 JCT (s)")
         ax.grid(alpha=0.3)
-    flat[len(loads) - 1].legend(fontsize=7, loc="upper right")
+    handles, labels = flat[len(loads) - 1].get_legend_handles_labels()
+    if len(flat) > len(loads):  # a spare panel: the legend there, off the data
+        flat[len(loads)].legend(handles, labels, fontsize=8, loc="center")
+    else:
+        flat[len(loads) - 1].legend(handles, labels, fontsize=7, loc="upper right")
     fig.tight_layout()
     png = ex.figure_png(fig)
     plt.close(fig)
