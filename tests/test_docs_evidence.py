@@ -292,6 +292,15 @@ def test_replication_table_matches_its_summaries(topas_md: str) -> None:
     assert numbers(worse[1]) == [_worse_cells(fresh)]
     spec_worse = sum(numbers(fresh_specs["topas"][i])[0] for i in (2, 4))
     assert spec_worse == _worse_cells(fresh)
+    rollout_worse = docs["today's five, `topas-rollout` worse beyond the CI (mean + p99)"]
+    rollout_fresh = [
+        (results / "replication" / f"rollout_seeds40_{p}" / "summary.md").read_text()
+        for p in ROLLOUT_40
+    ]
+    today = ("compare_rollout", "compare_rollout_tl", *SOP_ROLLOUT)  # seeds 20-24
+    worse_today = sum(_worse_cells((results / n / "summary.md").read_text()) for n in today)
+    assert numbers(rollout_worse[0])[:2] == [worse_today, 40]
+    assert numbers(rollout_worse[1])[:2] == [sum(map(_worse_cells, rollout_fresh)), 28]
     greedy = docs["today's five, `topas-greedy` mean / p99 change, averaged"][1]
     assert numbers(greedy) == [
         float(fresh_specs["topas-greedy"][1]),
@@ -567,3 +576,44 @@ def test_rollout_at_every_scale_on_metagpt_tl_paper_fresh_seeds_matches_its_summ
     tl = ["metagpt-tl-paper"]
     ours, default = _check_rollout256(text, "paper_rollout256_tl_30", "paper_rollout_tl_30", tl)
     assert ours == ("4", "0", "0") and default == ("9", "1", "0")
+
+
+ROLLOUT_40 = ("tl_mixed", "chain_fanout", "sop")
+
+
+def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) -> None:
+    """``topas-rollout`` on today's five, seeds 40-44: the docs' tally, averages and the
+    rollout's losses against the three studies' summaries, and every other policy's JCTs
+    against the replication study's summary on the same seeds."""
+    text = section(topas_md, "**Today's five on fresh seeds 40-44**")
+    docs = {r[0].strip("`"): r for r in table(text, "| spec | worse beyond the CI, of 28")}
+    results = DOCS / "results" / "replication"
+    studies = [(results / f"rollout_seeds40_{p}" / "summary.md").read_text() for p in ROLLOUT_40]
+    assert list(docs) == ["topas-rollout", "topas", "topas-greedy"]
+    for name, row in docs.items():
+        worse = of = 0
+        averages = [0.0, 0.0]
+        for summary in studies:
+            rows = specs(summary)[name]
+            for k, cell in enumerate((rows[2], rows[4])):  # "worse/points", mean then p99
+                bad, points = (int(x) for x in cell.split("/"))
+                worse, of = worse + bad, of + points
+                averages[k] += float(rows[1 + 2 * k]) * points  # weighted by its points
+        assert of == 28 and int(row[1]) == worse, name
+        assert numbers(row[3]) == [round(a / 14, 1) for a in averages], name
+    lost = [
+        cell.replace("**worse**", "").strip()
+        for summary in studies
+        for line in summary.splitlines()
+        if re.match(r"\| \d", line)
+        for cell in line.split("|")
+        if "**worse**" in cell
+    ]
+    assert len(lost) == int(docs["topas-rollout"][1])
+    assert all(f"{cell}%" in docs["topas-rollout"][2] for cell in lost)
+    replication = (results / "compare_seeds40" / "summary.md").read_text()
+    for summary in studies:
+        for line in summary.splitlines():
+            if re.match(r"\| [\w-]+ \| [\d.]+ \|", line):  # per-policy JCT rows
+                head = line.rsplit("|", 2)[0]  # every column but topas-rollout
+                assert head in replication, head
