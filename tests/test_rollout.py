@@ -107,6 +107,39 @@ def test_stopping_rollouts_at_the_cutoff_changes_no_decision(inst):
         assert cut.runs == full.runs and cut.prefixes == full.prefixes, timing
 
 
+NARROW = "topas-rollout:max_stages=0,narrow_stages=1000"
+"""A narrow rollout at every scale (the full one never: max_stages=0)."""
+
+
+@settings(max_examples=15, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
+def test_a_narrow_rollout_is_a_rollout_over_its_first_bases_alone(inst):
+    # Above max_stages a narrow rollout takes the first narrow_bases bases' decisions,
+    # each continued by each of them, without alternatives or perturbations: the full
+    # rollout of a spec that has those bases only and none of the rest, run for run, in
+    # both timing modes, with arrivals and prediction errors.
+    alone = "topas-rollout:bases=topas+topas-greedy,alternatives=0,variants=0,max_stages=1000"
+    for timing in ("step", "calibrated"):
+        a = simulate(inst, make_policy(NARROW), timing=timing)
+        b = simulate(inst, make_policy(alone), timing=timing)
+        assert a.runs == b.runs and a.prefixes == b.prefixes, timing
+
+
+def test_a_narrow_rollout_consults_its_first_bases_only():
+    # lpm and parrot-fcfs (the default's third and fourth bases) are not asked: a
+    # decide that raises goes unnoticed; yet rollouts are made (TOPAS and topas-greedy
+    # disagree on this instance), and the full rollout does ask them.
+    from topas.workloads import small_instance
+
+    inst = small_instance("mixed", seed=3000, num_tasks=3)
+    policy = make_policy(NARROW)
+    with mock.patch.object(type(make_policy("lpm")), "decide", side_effect=AssertionError):
+        simulate(inst, policy, timing="step")
+        assert policy.rollouts > 0
+        with pytest.raises(AssertionError):
+            simulate(inst, make_policy("topas-rollout"), timing="step")
+
+
 def test_variants_are_applicable_and_distinct_drops_repeats():
     inst, state = r_runs_beside_a_waiting_s()
     topas = ready("topas", inst).decide(state)
@@ -141,6 +174,9 @@ def test_bad_parameters_are_refused():
         ("topas-rollout:bases=lpm+topas", "first base must be a TOPAS"),
         ("topas-rollout:bases=topas+topas-rollout", "cannot be a base"),
         ("topas-rollout:max_stages=-1", "max_stages"),
+        ("topas-rollout:narrow_stages=-1", "narrow_stages"),
+        ("topas-rollout:narrow_bases=0", "narrow_bases"),
+        ("topas-rollout:narrow_bases=5", "narrow_bases"),
     ):
         with pytest.raises(InputError, match=what):
             ready(spec, inst)

@@ -32,9 +32,12 @@ arrivals it plans for the tasks in view.
 
 A rollout costs a simulation per candidate and continuation, so it is made only while the
 released tasks have at most ``max_stages`` unfinished stages; above that TOPAS decides
-alone (the other bases are consulted only when a rollout is made). Deterministic: the
-bases and the forward model are. docs/topas.md has the measurements and the choice of
-every default.
+alone (the other bases are consulted only when a rollout is made). With ``narrow_stages``
+(off by default) a *narrow* rollout is made above ``max_stages``, up to that many
+unfinished stages: the decisions of the first ``narrow_bases`` bases only (TOPAS's and
+``topas-greedy``'s with the default bases), each continued by each of them, no
+alternatives and no perturbations. Deterministic: the bases and the forward model are.
+docs/topas.md has the measurements and the choice of every default.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class Rollout(Policy):
     alternatives: int = 4  # TOPAS's next-best post-decision states among the candidates
     variants: bool = True  # perturbations of TOPAS's decision among the candidates
     max_stages: int = 64  # roll out while the released tasks have at most this many stages left
+    narrow_stages: int = 0  # above max_stages, a narrow rollout up to this many (0: none)
+    narrow_bases: int = 2  # the narrow rollout's candidates and continuations: the first bases
     name = "topas-rollout"
 
     def check(self) -> None:
@@ -80,8 +85,10 @@ class Rollout(Policy):
         names = [n.strip() for n in self.bases.split("+")]
         if not all(names):
             raise InputError(f"bases: expected policy specs joined by '+', got {self.bases!r}")
-        if self.max_stages < 0 or self.alternatives < 0:
-            raise InputError("max_stages and alternatives must be >= 0")
+        if min(self.max_stages, self.alternatives, self.narrow_stages) < 0:
+            raise InputError("max_stages, alternatives and narrow_stages must be >= 0")
+        if not 1 <= self.narrow_bases <= len(names):
+            raise InputError(f"narrow_bases must be between 1 and the {len(names)} bases")
         policies = [make_policy(n) for n in names]
         if not isinstance(policies[0], TOPAS):
             raise InputError(f"bases: the first base must be a TOPAS spec, got {names[0]!r}")
@@ -104,23 +111,23 @@ class Rollout(Policy):
         assert isinstance(topas, TOPAS)
         choice = topas.decide(state)
         self.chosen = topas
-        if not topas.reserving and state.tasks and self._small(state):
-            decisions = [choice, *(p.decide(state) for p in self.policies[1:])]
+        stages = sum(state.unfinished.values())
+        full = stages <= self.max_stages
+        if not topas.reserving and state.tasks and (full or stages <= self.narrow_stages):
+            bases = self.policies if full else self.policies[: self.narrow_bases]
+            decisions = [choice, *(p.decide(state) for p in bases[1:])]
             proposers = list(range(len(decisions)))
-            extra = topas.alternatives(state, self.alternatives)
-            if self.variants:
+            extra = topas.alternatives(state, self.alternatives) if full else []
+            if self.variants and full:
                 extra += variants(state, choice)
             decisions += extra
             proposers += [0] * len(extra)
             candidates = distinct(decisions)
             if len(candidates) > 1:
-                i = self._best(state, candidates, decisions, proposers)
-                choice, self.chosen = decisions[i], self.policies[proposers[i]]
+                i = self._best(state, candidates, decisions, proposers, bases)
+                choice, self.chosen = decisions[i], bases[proposers[i]]
         self.forward.note(state, choice)
         return choice
-
-    def _small(self, state: State) -> bool:
-        return sum(state.unfinished.values()) <= self.max_stages
 
     def _best(
         self,
@@ -128,13 +135,15 @@ class Rollout(Policy):
         candidates: Sequence[int],
         decisions: Sequence[Decision],
         proposers: Sequence[int],
+        bases: Sequence[Policy],
     ) -> int:
-        """The candidate whose best rollout has the least sum of the known tasks' JCTs."""
+        """The candidate whose best rollout, continued by ``bases``, has the least sum of
+        the known tasks' JCTs."""
         instance = self.forward.instance(state)
-        frozen = [self.forward.freeze(p, state) for p in self.policies]
+        frozen = [self.forward.freeze(p, state) for p in bases]
         best, best_cost = candidates[0], math.inf
         for i in candidates:
-            for j in range(len(self.policies)) if self.cross else (proposers[i],):
+            for j in range(len(bases)) if self.cross else (proposers[i],):
                 cutoff = best_cost + CUTOFF_SLACK_S  # stop a rollout that cannot win
                 cost = self.forward.jct_sum(state, instance, decisions[i], frozen[j], cutoff)
                 self.rollouts += 1
