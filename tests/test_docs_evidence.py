@@ -617,3 +617,59 @@ def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) ->
             if re.match(r"\| [\w-]+ \| [\d.]+ \|", line):  # per-policy JCT rows
                 head = line.rsplit("|", 2)[0]  # every column but topas-rollout
                 assert head in replication, head
+
+
+NARROW = "topas-rollout:narrow_stages=256"
+NARROW_POINTS = (
+    ("narrow256_tl12_20", "20-24", "metagpt-tl"),
+    ("narrow256_12_40", "40-44", "metagpt-tl"),
+    ("narrow256_12_40", "40-44", "mixed"),
+)
+
+
+def narrow_rows() -> list[list[str]]:
+    """The rows of the `narrow_stages=256` table, computed from the studies' runs.csv
+    with compare_policies' own comparison and experiments' paired change."""
+    import csv
+    import json
+
+    cp = load_analysis("compare_policies")
+    out = []
+    for folder, seeds, workload in NARROW_POINTS:
+        study = DOCS / "results" / folder
+        cfg = json.loads((study / "config.json").read_text())
+        with (study / "runs.csv").open(newline="") as f:
+            rows = [{**r, "load": float(r["load"])} for r in csv.DictReader(f)]
+        point = [r for r in rows if r["workload"] == workload]
+        cells = [f"{seeds}, {workload}"]
+        for name in (NARROW, "topas-rollout", "topas-greedy"):
+            changes = []
+            for metric in ("mean_jct", "p99_jct"):
+                c = cp.compare_point(point, {**cfg, "proposed": name}, metric)
+                changes.append(cp.ex.fmt_change(c["change"], c["half"]))
+            cells.append(" / ".join(changes))
+        cuts = []
+        for metric in ("mean_jct", "p99_jct"):
+            change, half = cp.ex.paired_change(
+                point, {"policy": NARROW}, {"policy": "topas-rollout"}, metric
+            )
+            cuts.append(cp.ex.fmt_change(-change, half))
+        cells.append(" / ".join(cuts))
+        runtime = [
+            cp.ex.mean_of(cp.ex.select(point, policy=p), "runtime_s")
+            for p in (NARROW, "topas-rollout")
+        ]
+        cells.append(f"{runtime[0]:.0f} / {runtime[1]:.0f}")
+        out.append(cells)
+    return out
+
+
+def test_narrow_rollout_table_matches_its_runs(topas_md: str) -> None:
+    """The `narrow_stages=256` table of "On today's five", every cell recomputed."""
+    bullet = section(
+        topas_md,
+        "- **A narrow rollout above `max_stages`** (`narrow_stages`, 2026",
+        until="\n- **MetaGPT-SOP**",
+    )
+    dedented = "\n".join(line.removeprefix("  ") for line in bullet.splitlines())
+    assert table(dedented, "| seeds, workload |") == narrow_rows()
