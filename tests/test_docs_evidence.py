@@ -293,14 +293,10 @@ def test_replication_table_matches_its_summaries(topas_md: str) -> None:
     spec_worse = sum(numbers(fresh_specs["topas"][i])[0] for i in (2, 4))
     assert spec_worse == _worse_cells(fresh)
     rollout_worse = docs["today's five, `topas-rollout` worse beyond the CI (mean + p99)"]
-    rollout_fresh = [
-        (results / "replication" / f"rollout_seeds40_{p}" / "summary.md").read_text()
-        for p in ROLLOUT_40
-    ]
     today = ("compare_rollout", "compare_rollout_tl", *SOP_ROLLOUT)  # seeds 20-24
     worse_today = sum(_worse_cells((results / n / "summary.md").read_text()) for n in today)
     assert numbers(rollout_worse[0])[:2] == [worse_today, 40]
-    assert numbers(rollout_worse[1])[:2] == [sum(map(_worse_cells, rollout_fresh)), 28]
+    assert numbers(rollout_worse[1])[:2] == [sum(map(_worse_cells, rollout_seeds40())), 28]
     greedy = docs["today's five, `topas-greedy` mean / p99 change, averaged"][1]
     assert numbers(greedy) == [
         float(fresh_specs["topas-greedy"][1]),
@@ -455,13 +451,21 @@ def test_rollout_tl_max_stages_sentence_matches_its_summary(topas_md: str) -> No
 SOP_ROLLOUT = ("compare_rollout_sop_05", "compare_rollout_sop_08", "compare_rollout_sop_10_12")
 
 
+def study_runs(folder: str) -> tuple[dict, list[dict]]:
+    """A committed study's config.json and its runs.csv rows (``load`` as a float)."""
+    import csv
+    import json
+
+    study = DOCS / "results" / folder
+    cfg = json.loads((study / "config.json").read_text())
+    with (study / "runs.csv").open(newline="") as f:
+        return cfg, [{**r, "load": float(r["load"])} for r in csv.DictReader(f)]
+
+
 def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
     """Every cell of the MetaGPT-SOP table of "On today's five" recomputed from the three
     studies' runs.csv with compare_policies' own comparison, the averages beside it, and
     the baselines' and ``topas``'s JCTs against the reported comparison's summary."""
-    import csv
-    import json
-
     import numpy as np
 
     cp = load_analysis("compare_policies")
@@ -472,11 +476,8 @@ def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
     names = ("topas-rollout", "topas", "topas-greedy")
     changes: dict[str, list[float]] = {f"{n} {m}": [] for n in names for m in ("mean", "p99")}
     for folder in SOP_ROLLOUT:
-        study = DOCS / "results" / folder
-        cfg = json.loads((study / "config.json").read_text())
-        with (study / "runs.csv").open(newline="") as f:
-            rows = [{**r, "load": float(r["load"])} for r in csv.DictReader(f)]
-        summary = (study / "summary.md").read_text()
+        cfg, rows = study_runs(folder)
+        summary = (DOCS / "results" / folder / "summary.md").read_text()
         assert _worse_cells(summary) == 0, folder
         for load in cfg["loads"]:
             point = [r for r in rows if r["load"] == load]
@@ -581,14 +582,19 @@ def test_rollout_at_every_scale_on_metagpt_tl_paper_fresh_seeds_matches_its_summ
 ROLLOUT_40 = ("tl_mixed", "chain_fanout", "sop")
 
 
+def rollout_seeds40() -> list[str]:
+    """The summaries of the three ``topas-rollout`` studies of today's five, seeds 40-44."""
+    results = DOCS / "results" / "replication"
+    return [(results / f"rollout_seeds40_{p}" / "summary.md").read_text() for p in ROLLOUT_40]
+
+
 def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) -> None:
     """``topas-rollout`` on today's five, seeds 40-44: the docs' tally, averages and the
     rollout's losses against the three studies' summaries, and every other policy's JCTs
     against the replication study's summary on the same seeds."""
     text = section(topas_md, "**Today's five on fresh seeds 40-44**")
     docs = {r[0].strip("`"): r for r in table(text, "| spec | worse beyond the CI, of 28")}
-    results = DOCS / "results" / "replication"
-    studies = [(results / f"rollout_seeds40_{p}" / "summary.md").read_text() for p in ROLLOUT_40]
+    studies = rollout_seeds40()
     assert list(docs) == ["topas-rollout", "topas", "topas-greedy"]
     for name, row in docs.items():
         worse = of = 0
@@ -611,7 +617,7 @@ def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) ->
     ]
     assert len(lost) == int(docs["topas-rollout"][1])
     assert all(f"{cell}%" in docs["topas-rollout"][2] for cell in lost)
-    replication = (results / "compare_seeds40" / "summary.md").read_text()
+    replication = (DOCS / "results" / "replication" / "compare_seeds40" / "summary.md").read_text()
     for summary in studies:
         for line in summary.splitlines():
             if re.match(r"\| [\w-]+ \| [\d.]+ \|", line):  # per-policy JCT rows
@@ -630,16 +636,10 @@ NARROW_POINTS = (
 def narrow_rows() -> list[list[str]]:
     """The rows of the `narrow_stages=256` table, computed from the studies' runs.csv
     with compare_policies' own comparison and experiments' paired change."""
-    import csv
-    import json
-
     cp = load_analysis("compare_policies")
     out = []
     for folder, seeds, workload in NARROW_POINTS:
-        study = DOCS / "results" / folder
-        cfg = json.loads((study / "config.json").read_text())
-        with (study / "runs.csv").open(newline="") as f:
-            rows = [{**r, "load": float(r["load"])} for r in csv.DictReader(f)]
+        cfg, rows = study_runs(folder)
         point = [r for r in rows if r["workload"] == workload]
         cells = [f"{seeds}, {workload}"]
         for name in (NARROW, "topas-rollout", "topas-greedy"):

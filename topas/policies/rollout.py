@@ -117,9 +117,11 @@ class Rollout(Policy):
             bases = self.policies if full else self.policies[: self.narrow_bases]
             decisions = [choice, *(p.decide(state) for p in bases[1:])]
             proposers = list(range(len(decisions)))
-            extra = topas.alternatives(state, self.alternatives) if full else []
-            if self.variants and full:
-                extra += variants(state, choice)
+            extra = []  # TOPAS's alternatives and perturbations: the full rollout's only
+            if full:
+                extra = topas.alternatives(state, self.alternatives)
+                if self.variants:
+                    extra += variants(state, choice)
             decisions += extra
             proposers += [0] * len(extra)
             candidates = distinct(decisions)
