@@ -459,6 +459,7 @@ class _Round:
     head_rank: dict[str, int] = field(default_factory=dict)  # the same, by agent
     credit: list[float] = field(default_factory=list)  # task slot -> g_i(t) * Delta
     skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
+    read_out: set[str] = field(default_factory=set)  # agents whose every stage is queued
     analyses: dict[str, _Analysis] = field(default_factory=dict)
     left: dict[StageRef, float] = field(default_factory=dict)  # running -> seconds left
     wakes: list[float] = field(default_factory=list)  # jit: when deferred loads are due
@@ -806,6 +807,7 @@ class TOPAS(Policy):
         while position >= len(q):
             got = rnd.ranking.take(agent, max(FIRST_READ, len(q)))
             if not got:
+                rnd.read_out.add(agent)
                 return False
             for ref, rank, slot in got:
                 if ref in rnd.skip:
@@ -842,26 +844,32 @@ class TOPAS(Policy):
         retract: list[StageRef] = []
         j_retract = 0.0
         prompts_out: list[tuple[float, int]] = []  # with soon: (drain ends, prompt KV)
-        for a in sorted(keep ^ rnd.current):  # only what changes against R_t costs or frees
+        tokens, cost, hops = rnd.tokens, rnd.cost, rnd.next_hop
+        changed = sorted(keep ^ rnd.current)  # only what changes against R_t costs or frees
+        loaded = []
+        for a in changed:
             if a in keep:  # absent now: loaded (l_in is charged below, per waiting task)
-                free -= rnd.tokens[a]
-                v_reuse += rnd.next_hop.get(a, 0) * rnd.cost[a]
+                free -= tokens[a]
+                v_reuse += hops.get(a, 0) * cost[a]
+                loaded.append(a)
                 continue
-            v_reuse -= rnd.next_hop.get(a, 0) * rnd.cost[a]
-            if rnd.status[a] is PrefixStatus.RESIDENT and rnd.users[a] == 0:
-                free += rnd.tokens[a]
-            elif rnd.status[a] is PrefixStatus.RESIDENT and revoke:
-                free += rnd.tokens[a] + rnd.running_kv.get(a, 0)
+            v_reuse -= hops.get(a, 0) * cost[a]
+            if rnd.status[a] is not PrefixStatus.RESIDENT:
+                pass  # loading: nothing to return
+            elif rnd.users[a] == 0:
+                free += tokens[a]
+            elif revoke:
+                free += tokens[a] + rnd.running_kv.get(a, 0)
                 slots += len(rnd.running_refs.get(a, ()))
                 retract += rnd.running_refs.get(a, ())
                 j_retract += rnd.revoke_loss.get(a, 0.0)
-                j_move += rnd.cost[a] * len({r[0] for r in rnd.running_refs.get(a, ())})
-            elif rnd.status[a] is PrefixStatus.RESIDENT and self.soon:  # its stages: returns
-                prompts_out.append((rnd.drain_s.get(a, 0.0), rnd.tokens[a]))
-            elif rnd.status[a] is PrefixStatus.RESIDENT:
-                drained += rnd.tokens[a] + rnd.running_kv.get(a, 0)
+                j_move += cost[a] * len({r[0] for r in rnd.running_refs.get(a, ())})
+            elif self.soon:  # its stages: returns
+                prompts_out.append((rnd.drain_s.get(a, 0.0), tokens[a]))
+            else:
+                drained += tokens[a] + rnd.running_kv.get(a, 0)
                 drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
-            j_move += rnd.cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
+            j_move += cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
         if not rnd.loads_fit(free):
             return None
         later = self._later(drain_s) if drained else 0.0
@@ -895,7 +903,7 @@ class TOPAS(Policy):
                 self._more(rnd, a, i)
             ref = q[i]
             position[a] = i + 1
-            if i + 1 < len(q) or self._more(rnd, a, i + 1):
+            if i + 1 < len(q) or (a not in rnd.read_out and self._more(rnd, a, i + 1)):
                 heapq.heappush(queue, (rnd.rank[q[i + 1]], a))
             need = rnd.need[ref]
             now = need <= free
@@ -927,10 +935,10 @@ class TOPAS(Policy):
                 j_admit += later * value
                 drained -= need
                 late += 1
-        for a in sorted(keep - rnd.current):  # l_in: the tasks that wait for it (prefetch: none)
-            j_move += rnd.cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
+        for a in loaded:  # l_in: the tasks that wait for it (prefetch: none)
+            j_move += cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
-        return _Pack(keep, admitted, credit, score, len(keep ^ rnd.current), tuple(retract))
+        return _Pack(keep, admitted, credit, score, len(changed), tuple(retract))
 
     def _early(self, rnd: _Round, due_s: float, agent: str) -> bool:
         """``jit``: loading ``agent`` now for a next hop due in ``due_s`` would be early:
