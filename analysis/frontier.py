@@ -5,10 +5,11 @@ every policy, at every load, at (mean JCT, p99 JCT), each the mean over the stud
 seeds. A family of specs that differ in one numeric parameter (``--family
 guarded_spf:GuardedSPF:guard``: every spec ``guarded_spf:GuardedSPF:guard=X``) is joined
 by a line in the parameter's order; ``--family`` may be given more than once, one line
-each. The axes frame the Pareto front, the families and TOPAS, so a policy far behind on
-both metrics may fall outside. Prints, per load, the policies that no other policy of
-the study beats on both metrics (the Pareto front), and whether any policy reaches the
-best mean and the best p99 of the others at once.
+each. The axes frame the Pareto front, the families, TOPAS, and the best mean and the
+best p99 of the other policies, so a policy far behind on both metrics may fall
+outside. Prints, per load, the policies that no other policy of the study beats on
+both metrics (the Pareto front), and whether any policy reaches the best mean and the
+best p99 of the others at once.
 
     python analysis/frontier.py RESULTS_DIR [--workload W] [--family SPEC:PARAM ...]
         [--out RESULTS_DIR/frontier.png]
@@ -127,6 +128,27 @@ FAMILY_COLOURS = ("grey", "tab:olive", "tab:cyan", "tab:pink")
 default colour cycle)."""
 
 
+TOPAS_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+"""The markers of TOPAS's specs, in name order: all black, each its own shape."""
+
+
+def point_styles(policies: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The plot keywords of each policy drawn as a point: TOPAS's specs (``topas...``)
+    black, each with its own marker; the others the default colour cycle's markers."""
+    styles: dict[str, dict[str, Any]] = {}
+    tops = 0
+    for i, p in enumerate(policies):
+        if p.startswith("topas"):
+            marker = TOPAS_MARKERS[tops % len(TOPAS_MARKERS)]
+            styles[p] = {"color": "black", "marker": marker, "ms": 6, "zorder": 5}
+            tops += 1
+        else:
+            style = ex.line_style(i)
+            style.pop("lw", None)
+            styles[p] = style
+    return styles
+
+
 def plot(
     curves: Mapping[float, Mapping[str, Point]], workload: str, families: Sequence[str] = ()
 ) -> bytes:
@@ -154,10 +176,7 @@ def plot(
             for (value, _), x, y in zip(members, xs, ys, strict=True):
                 ax.annotate(f"{value:g}", (x, y), fontsize=7, color=colour)
             lined.update(s for _, s in members)
-        others = [p for p in at if p not in lined]
-        for i, p in enumerate(sorted(others)):
-            style = ex.line_style(i, highlight=p.startswith("topas"))
-            style.pop("lw", None)
+        for p, style in point_styles(sorted(p for p in at if p not in lined)).items():
             ax.plot(*at[p], linestyle="none", label=p, **style)
         _zoom(ax, at, lined)
         ax.set_title(f"{workload}, load {load:g}")
@@ -176,9 +195,13 @@ def plot(
 
 
 def _zoom(ax: Any, at: Mapping[str, Point], family: Collection[str]) -> None:
-    """Axes around the Pareto front, the families and TOPAS (10% margin): a policy far
-    behind on both metrics is left off the chart rather than squeezing the rest."""
-    shown = [at[p] for p in {*pareto(at), *family, *(p for p in at if p.startswith("topas"))}]
+    """Axes around the Pareto front, the families, TOPAS and the other policies' best mean
+    and best p99 (10% margin): a policy far behind on both metrics is left off the chart
+    rather than squeezing the rest."""
+    tops = {p for p in at if p.startswith("topas")}
+    others = [p for p in at if p not in family and p not in tops]
+    best = {min(others, key=lambda p: (at[p][k], p)) for k in (0, 1)} if others else set()
+    shown = [at[p] for p in {*pareto(at), *family, *tops, *best}]
     for lo, hi, setter in (
         (min(x for x, _ in shown), max(x for x, _ in shown), ax.set_xlim),
         (min(y for _, y in shown), max(y for _, y in shown), ax.set_ylim),

@@ -673,3 +673,76 @@ def test_narrow_rollout_table_matches_its_runs(topas_md: str) -> None:
     )
     dedented = "\n".join(line.removeprefix("  ") for line in bullet.splitlines())
     assert table(dedented, "| seeds, workload |") == narrow_rows()
+
+
+FRONTIER12 = (("frontier12_20", "20-24"), ("frontier12_40", "40-44"))
+FRONTIER12_SPECS = ("topas", "topas-greedy", "topas-greedy:aging=0.1", "topas-greedy:aging=0")
+METRICS2 = ("mean_jct", "p99_jct")
+
+
+def frontier12_rows() -> list[str]:
+    """The table lines of "The trade at load 1.2 on reporting seeds", recomputed from the
+    two studies' runs.csv: each spec's change against the best *registered* baseline
+    (bold where worse beyond the CI), and how many probe settings are ahead of ``topas``
+    and of ``topas-greedy`` on both metrics (means over the seeds)."""
+    from topas.policies import BASELINES
+
+    cp = load_analysis("compare_policies")
+    lines = []
+    for folder, seeds in FRONTIER12:
+        cfg, rows = study_runs(folder)
+        for workload in cfg["workloads"]:
+            point = [r for r in rows if r["workload"] == workload]
+            cells = [f"{seeds}, {workload}"]
+            for name in FRONTIER12_SPECS:
+                changes = []
+                for metric in METRICS2:
+                    c = cp.compare_point(
+                        point, {**cfg, "baselines": list(BASELINES), "proposed": name}, metric
+                    )
+                    cell = cp.ex.fmt_change(c["change"], c["half"])
+                    worse = cp.ex.worse_beyond_ci(c["change"], c["half"])
+                    changes.append(f"**{cell}**" if worse else cell)
+                cells.append(" / ".join(changes))
+            at = {
+                p: tuple(cp.ex.mean_of(cp.ex.select(point, policy=p), m) for m in METRICS2)
+                for p in cfg["policies"]
+            }
+            probes = [p for p in at if p.startswith(("guarded_spf:", "boost:"))]
+            assert len(probes) == 13
+            ahead = [
+                sum(at[q][0] <= at[t][0] and at[q][1] <= at[t][1] for q in probes)
+                for t in ("topas", "topas-greedy")
+            ]
+            cells.append(f"{ahead[0]} / {ahead[1]}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_frontier12_table_matches_its_runs(topas_md: str) -> None:
+    """The load-1.2 trade table, every cell and its bold recomputed; no policy of the two
+    studies best on both metrics (``frontier.py``'s test); and the registered baselines',
+    ``topas``'s and ``topas-greedy``'s JCTs equal to the earlier studies' on these seeds."""
+    text = section(topas_md, "**The trade at load 1.2 on reporting seeds", until="\n### ")
+    start = text.index("| seeds, workload | `topas` |")
+    lines = [ln.strip() for ln in text[start:].splitlines()[2:6]]
+    assert lines == frontier12_rows()
+    frontier = load_analysis("frontier")
+    earlier = {
+        "frontier12_20": ("narrow256_tl12_20", "compare_rollout"),
+        "frontier12_40": ("narrow256_12_40",),
+    }
+    for folder, _ in FRONTIER12:
+        cfg, rows = study_runs(folder)
+        for workload in cfg["workloads"]:
+            for at in frontier.points(rows, workload).values():
+                assert frontier.reaches_both(at) == []
+        mine = {(r["workload"], r["seed"], r["policy"]): r["mean_jct"] for r in rows}
+        checked = 0
+        for other in earlier[folder]:
+            for r in study_runs(other)[1]:
+                key = (r["workload"], r["seed"], r["policy"])
+                if r["load"] == 1.2 and key in mine:
+                    assert mine[key] == r["mean_jct"], (other, key)
+                    checked += 1
+        assert checked >= 5 * 10 * len(cfg["workloads"]), folder

@@ -45,6 +45,37 @@ def test_family_members_are_ordered_by_their_parameter() -> None:
     ]
 
 
+def test_each_topas_spec_has_its_own_black_marker() -> None:
+    # two TOPAS specs drawn alike cannot be told apart in the legend (both were black dots)
+    styles = frontier.point_styles(["lpm", "spf", "topas", "topas-greedy", "topas:aging=0"])
+    tops = [styles[p] for p in ("topas", "topas-greedy", "topas:aging=0")]
+    assert all(s["color"] == "black" for s in tops)
+    assert len({s["marker"] for s in tops}) == 3
+    assert all(styles[p].get("color") != "black" for p in ("lpm", "spf"))
+
+
+def test_the_axes_keep_the_best_baseline_mean_and_p99_in_view() -> None:
+    # topas (30, 10) is ahead of parrot-fcfs (40, 12) on both, so parrot-fcfs is off the
+    # front; it still has the best p99 of the baselines and must stay on the chart, while
+    # fcfs (90, 90), behind on both and best at neither, may fall outside
+    at = {"spf": (20.0, 50.0), "parrot-fcfs": (40.0, 12.0), "topas": (30.0, 10.0)}
+    at["fcfs"] = (90.0, 90.0)
+    limits = {}
+
+    class Axes:
+        def set_xlim(self, lo: float, hi: float) -> None:
+            limits["x"] = (lo, hi)
+
+        def set_ylim(self, lo: float, hi: float) -> None:
+            limits["y"] = (lo, hi)
+
+    frontier._zoom(Axes(), at, ())
+    for p in ("spf", "parrot-fcfs", "topas"):
+        assert limits["x"][0] < at[p][0] < limits["x"][1], p
+        assert limits["y"][0] < at[p][1] < limits["y"][1], p
+    assert not limits["x"][0] < at["fcfs"][0] < limits["x"][1]
+
+
 values = st.floats(0, 100, allow_nan=False)
 
 
