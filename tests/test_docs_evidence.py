@@ -746,3 +746,30 @@ def test_frontier12_table_matches_its_runs(topas_md: str) -> None:
                     assert mine[key] == r["mean_jct"], (other, key)
                     checked += 1
         assert checked >= 5 * 10 * len(cfg["workloads"]), folder
+
+
+def test_greedy_aging_tuning_averages_match_its_runs(topas_md: str) -> None:
+    """The tuning averages quoted for `topas-greedy:aging=0.1` against the default,
+    recomputed with compare_policies' comparison over the study's 20 points."""
+    from topas.policies import BASELINES
+
+    cp = load_analysis("compare_policies")
+    cfg, rows = study_runs("tuning_greedy_aging")
+    assert cfg["tuning"] and len(cfg["workloads"]) * len(cfg["loads"]) == 20
+    quoted = []
+    for spec in ("topas-greedy:aging=0.1", "topas-greedy"):
+        changes = {m: [] for m in METRICS2}
+        for workload in cfg["workloads"]:
+            for load in cfg["loads"]:
+                point = [r for r in rows if r["workload"] == workload and r["load"] == load]
+                for m in METRICS2:
+                    c = cp.compare_point(
+                        point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
+                    )
+                    changes[m].append(c["change"])
+        mean, p99 = (sum(v) / len(v) for v in changes.values())
+        quoted.append((f"{mean:+.1f}", f"{p99:+.1f}", f"{max(changes['p99_jct']):+.1f}"))
+    (m1, p1, w1), (m0, p0, w0) = quoted
+    text = " ".join(section(topas_md, "- **`topas-greedy:aging=0.1` ties", until="\n- **").split())
+    assert f"is {m1}% mean / {p1}% p99 (worst p99 {w1}%)" in text
+    assert f"against {m0}% / {p0}% (worst p99 {w0}%) at the default" in text
