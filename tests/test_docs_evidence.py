@@ -748,28 +748,115 @@ def test_frontier12_table_matches_its_runs(topas_md: str) -> None:
         assert checked >= 5 * 10 * len(cfg["workloads"]), folder
 
 
-def test_greedy_aging_tuning_averages_match_its_runs(topas_md: str) -> None:
-    """The tuning averages quoted for `topas-greedy:aging=0.1` against the default,
-    recomputed with compare_policies' comparison over the study's 20 points."""
+def averaged_changes(folder: str, spec: str) -> dict[str, float]:
+    """``spec``'s change against the best registered baseline over every (workload, load)
+    point of a committed study, by compare_policies' comparison: the mean of each metric's
+    change, the worst p99 change, and the cells worse beyond the CI."""
     from topas.policies import BASELINES
 
     cp = load_analysis("compare_policies")
-    cfg, rows = study_runs("tuning_greedy_aging")
-    assert cfg["tuning"] and len(cfg["workloads"]) * len(cfg["loads"]) == 20
-    quoted = []
-    for spec in ("topas-greedy:aging=0.1", "topas-greedy"):
-        changes = {m: [] for m in METRICS2}
-        for workload in cfg["workloads"]:
+    cfg, rows = study_runs(folder)
+    changes: dict[str, list[float]] = {m: [] for m in METRICS2}
+    worse = 0
+    for workload in cfg["workloads"]:
+        for load in cfg["loads"]:
+            point = [r for r in rows if r["workload"] == workload and r["load"] == load]
+            for m in METRICS2:
+                c = cp.compare_point(
+                    point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
+                )
+                changes[m].append(c["change"])
+                worse += cp.ex.worse_beyond_ci(c["change"], c["half"])
+    return {
+        "mean": sum(changes["mean_jct"]) / len(changes["mean_jct"]),
+        "p99": sum(changes["p99_jct"]) / len(changes["p99_jct"]),
+        "worst_p99": max(changes["p99_jct"]),
+        "worse": worse,
+        "points": len(changes["mean_jct"]),
+    }
+
+
+def test_greedy_aging_tuning_averages_match_its_runs(topas_md: str) -> None:
+    """The tuning averages quoted for `topas-greedy:aging=0.1` against the default,
+    recomputed with compare_policies' comparison over the study's 20 points."""
+    low, default = (
+        averaged_changes("tuning_greedy_aging", s)
+        for s in ("topas-greedy:aging=0.1", "topas-greedy")
+    )
+    assert low["points"] == 20
+    text = " ".join(section(topas_md, "- **`topas-greedy:aging=0.1` ties", until="\n- **").split())
+    assert (
+        f"is {low['mean']:+.1f}% mean / {low['p99']:+.1f}% p99 "
+        f"(worst p99 {low['worst_p99']:+.1f}%)" in text
+    )
+    assert (
+        f"against {default['mean']:+.1f}% / {default['p99']:+.1f}% "
+        f"(worst p99 {default['worst_p99']:+.1f}%) at the default" in text
+    )
+
+
+def test_drain_switch_tuning_averages_match_their_runs(topas_md: str) -> None:
+    """The drain switches' tuning averages in "Parameters and defaults", recomputed."""
+    text = " ".join(section(topas_md, "**The drain switches**", until="\n\n").split())
+    for folder in ("tuning_drain_paper", "tuning_drain_today"):
+        for spec in ("topas", "topas:drain_running=0", "topas:drain=0"):
+            a = averaged_changes(folder, spec)
+            quoted = f"`{spec}` {a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse)"
+            assert quoted in text, (folder, quoted)
+
+
+def nodrain_rows() -> list[str]:
+    """The drain ablation's table lines: per paper workload, `topas`'s and
+    `topas:drain=0`'s change against the best registered baseline (mean / p99, bold where
+    worse beyond the CI) at each load of the study."""
+    from topas.policies import BASELINES
+
+    cp = load_analysis("compare_policies")
+    cfg, rows = study_runs("paper_nodrain")
+    lines = []
+    for workload in cfg["workloads"]:
+        cells = [workload]
+        for spec in ("topas", "topas:drain=0"):
+            per_load = []
             for load in cfg["loads"]:
                 point = [r for r in rows if r["workload"] == workload and r["load"] == load]
+                pair = []
                 for m in METRICS2:
                     c = cp.compare_point(
                         point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
                     )
-                    changes[m].append(c["change"])
-        mean, p99 = (sum(v) / len(v) for v in changes.values())
-        quoted.append((f"{mean:+.1f}", f"{p99:+.1f}", f"{max(changes['p99_jct']):+.1f}"))
-    (m1, p1, w1), (m0, p0, w0) = quoted
-    text = " ".join(section(topas_md, "- **`topas-greedy:aging=0.1` ties", until="\n- **").split())
-    assert f"is {m1}% mean / {p1}% p99 (worst p99 {w1}%)" in text
-    assert f"against {m0}% / {p0}% (worst p99 {w0}%) at the default" in text
+                    cell = f"{c['change']:+.1f}"
+                    pair.append(
+                        f"**{cell}**" if cp.ex.worse_beyond_ci(c["change"], c["half"]) else cell
+                    )
+                per_load.append(" / ".join(pair))
+            cells.append("; ".join(per_load))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_drain_ablation_table_matches_its_runs(topas_md: str) -> None:
+    """The paper-setting drain ablation: every cell recomputed, the averages quoted, and
+    every registered baseline's and `topas`'s JCTs equal to the paper study's."""
+    text = section(topas_md, "- **The drain ablation**", until="\n- **")
+    start = text.index("| workload | `topas`")
+    lines = [ln.strip() for ln in text[start:].splitlines()[2:7]]
+    assert lines == nodrain_rows()
+    flat = " ".join(text.split())
+    for spec in ("topas", "topas:drain=0"):
+        a = averaged_changes("paper_nodrain", spec)
+        assert f"`{spec}` {a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse)" in flat
+    paper = {
+        (r["workload"], r["load"], r["seed"], r["policy"], r["kv_capacity_tokens"]): r["mean_jct"]
+        for r in study_runs("paper_rollout")[1]
+        + study_runs("paper_rollout_tl")[1]
+        + study_runs("paper_rollout_sop")[1]
+    }
+    cfg, rows = study_runs("paper_nodrain")
+    checked = 0
+    for r in rows:
+        key = (r["workload"], r["load"], r["seed"], r["policy"], r["kv_capacity_tokens"])
+        if key in paper:
+            assert paper[key] == r["mean_jct"], key
+            checked += 1
+    assert checked == 5 * 3 * 10 * 9  # every baseline's and topas's run of the study

@@ -223,7 +223,8 @@ def test_longest_path_defers_the_stages_not_started():
 def test_invariants_in_both_timing_modes(inst):
     # debug=True re-checks every invariant after every event: KV within capacity, every
     # running stage's prefix resident, deps before starts, each stage once
-    specs = ("topas", "topas:soon=1", "topas:jit=1", "topas:age_form=excess")
+    specs = ("topas", "topas:soon=1", "topas:jit=1", "topas:age_form=excess", "topas:drain=0")
+    specs += ("topas:drain_running=0",)
     for timing, spec in itertools.product(("step", "calibrated"), specs):
         sched = simulate(inst, make_policy(spec), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
@@ -582,6 +583,52 @@ def test_retracts_a_dropped_prompts_stage_when_the_batch_gains_more_than_it_lose
     assert sorted(d.admit) == [(f"a{i}", "s") for i in range(6)]
     apply_inplace(state, d)  # the decision is feasible as it stands
     assert state.phase[("b0", "s")] is Phase.WAITING
+
+
+def test_drain_switches_keep_a_prefix_in_use_or_credit_only_its_prompt():
+    # busy_b with b0 near its end: started 5,000 s before now, so its drain ends in T =
+    # 50 s and a stage that fits only in the drained memory keeps 1 - T / D of its credit
+    # (D = 1,193 s, each A stage's credit). Free now: 1,000 tokens, one stage of A (a0).
+    # By default dropping B drains its prompt and b0's KV, 4,000 + 5,500 = 9,500 tokens:
+    # the other five stages of A fit there, D + 5 (1 - T / D) D. With drain_running=0 only
+    # the prompt's 4,000 count: four stages, D + 4 (1 - T / D) D. With drain=0 B, in use,
+    # stays in R': the set without it is no candidate, and B is kept.
+    scores = {}
+    for spec in ("topas", "topas:drain_running=0", "topas:drain=0"):
+        inst, state = busy_b(decoded=10)
+        state.running[("b0", "s")].started_at = state.time - 5000.0
+        policy = ready(spec, inst)
+        rnd = policy._round(state)
+        d_s = policy._mean_svc
+        assert d_s == pytest.approx(1193, abs=1) and rnd.drain_s == {"B": pytest.approx(50.0)}
+        late = (1 - 50.0 / d_s) * d_s
+        drop = policy._pack(state, rnd, ("A",))
+        scores[spec] = None if drop is None else drop.score
+        policy.decide(state)
+        assert policy._kept == (("A", "B") if spec == "topas:drain=0" else ("A",)), spec
+    assert scores["topas"] == pytest.approx(d_s + 5 * late)
+    assert scores["topas:drain_running=0"] == pytest.approx(d_s + 4 * late)
+    assert scores["topas:drain=0"] is None
+
+
+class KeepsInUse(TOPAS):
+    """TOPAS that checks, after each decision, that every prefix with running stages is
+    in the kept set (``drain=0``: R' never leaves one out)."""
+
+    def decide(self, state):  # type: ignore[no-untyped-def]
+        d = super().decide(state)
+        in_use = {a for a, p in state.prefixes.items() if p.users}
+        assert self.reserving or in_use <= set(self._kept)
+        return d
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
+def test_without_drains_a_prefix_in_use_is_always_kept(inst):
+    for timing in ("step", "calibrated"):
+        policy = KeepsInUse(drain=False)
+        sched = simulate(inst, policy, timing=timing, debug=True)
+        assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
 
 
 def test_does_not_retract_when_the_redo_costs_more():

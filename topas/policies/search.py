@@ -509,6 +509,8 @@ class TOPAS(Policy):
     # excess (linear in the age beyond the mean age of the tasks in view)
     soon: bool = False  # credit a stage that fits once running stages and drains end
     jit: bool = False  # load a prompt for next hops only when its load is due; wake then
+    drain: bool = True  # R' may leave out a prefix in use (it drains); else it stays in R'
+    drain_running: bool = True  # a drain returns its running stages' KV too (else the prompt's)
     name = "topas"
 
     def check(self) -> None:
@@ -864,10 +866,12 @@ class TOPAS(Policy):
                 retract += rnd.running_refs.get(a, ())
                 j_retract += rnd.revoke_loss.get(a, 0.0)
                 j_move += cost[a] * len({r[0] for r in rnd.running_refs.get(a, ())})
+            elif not self.drain:
+                return None  # a prefix in use stays in R' until its stages end
             elif self.soon:  # its stages: returns
                 prompts_out.append((rnd.drain_s.get(a, 0.0), tokens[a]))
             else:
-                drained += tokens[a] + rnd.running_kv.get(a, 0)
+                drained += tokens[a] + (rnd.running_kv.get(a, 0) if self.drain_running else 0)
                 drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
             j_move += cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
         if not rnd.loads_fit(free):
