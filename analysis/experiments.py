@@ -62,10 +62,11 @@ REPORT_SEED_START = 20
 """``--seeds N`` means the N reporting seeds from here: 20, 21, ... (never tuned on)."""
 ABLATION_TERMS = ("progress", "move", "reuse", "redo", "revoke", "aging", "reserve", "visit")
 """The weights of ``topas``'s score (topas/policies/search.py) that the ablation switches off."""
-ABLATION_MODES = ("search=all", "drain_discount=0", "retract=1")
-"""Switches of the search itself: no choice of residency; drained memory at full credit;
-voluntary retraction on (off by default: with it off, ``redo=0`` and ``revoke=0`` change
-only the victim order when decode memory runs out)."""
+ABLATION_MODES = ("search=all", "drain=0", "drain_discount=0", "retract=1")
+"""Switches of the search itself: no choice of residency; no drains (a prefix in use
+stays in R'); drained memory at full credit; voluntary retraction on (off by default:
+with it off, ``redo=0`` and ``revoke=0`` change only the victim order when decode memory
+runs out)."""
 
 # Two-sided 95% critical values of Student's t, t_{0.975, df} for df = 1..30: the standard
 # table (e.g. NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2). Beyond

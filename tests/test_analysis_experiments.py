@@ -274,13 +274,19 @@ def test_ablation_end_to_end(tmp_path: Path) -> None:
     assert {p.name for p in out.iterdir()} == files
     rows = _csv_rows(out / "runs.csv")
     # full TOPAS, one variant per term (progress, move, reuse, redo, revoke, aging,
-    # reserve, visit), three search switches and topas-base + 3 sweep policies x 2
+    # reserve, visit), four search switches and topas-base + 3 sweep policies x 2
     # sigmas, less full TOPAS at sigma 0 (shared), per seed
-    assert len(rows) == 2 * (13 + 3 * 2 - 1)
+    assert len(rows) == 2 * (14 + 3 * 2 - 1)
     summary = (out / "summary.md").read_text()
     assert summary == r.stdout
     assert "### metagpt-tl" in summary and "load factor 1.2" in summary
-    for spec in ("topas:progress=0", "topas:reuse=0", "topas:search=all", "topas-base"):
+    for spec in (
+        "topas:progress=0",
+        "topas:reuse=0",
+        "topas:search=all",
+        "topas:drain=0",
+        "topas-base",
+    ):
         assert f"| {spec} |" in summary
     assert "| kvflow | 0.5 |" in summary
     for png in ("ablation.png", "prediction_error.png"):
