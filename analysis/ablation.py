@@ -227,6 +227,14 @@ def summarize(
 # --------------------------------------------------------------------------- plots
 
 
+def bar_colour(i: int) -> Any:
+    """The ``i``-th variant's bar colour: tab20's ten dark shades, then its ten light ones,
+    so that up to 20 variants never share a colour (the default cycle repeats after 10)."""
+    from matplotlib import colormaps
+
+    return colormaps["tab20"]((2 * i) % 20 + (i // 10) % 2)
+
+
 def plot_ablation(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) -> bytes:
     """Grouped bars: per workload one bar per variant, change % vs full TOPAS ± CI."""
     import numpy as np
@@ -244,7 +252,7 @@ def plot_ablation(rows: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) -> 
             ys = [changes[w][v][0] for w in ws]
             errs = [0.0 if math.isnan(changes[w][v][1]) else changes[w][v][1] for w in ws]
             pos = x - 0.4 + width * (i + 0.5)
-            ax.bar(pos, ys, width, yerr=errs, capsize=2, label=v)
+            ax.bar(pos, ys, width, yerr=errs, capsize=2, label=v, color=bar_colour(i))
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(x, ws)
         ax.set_ylabel(f"{label} change vs full TOPAS (%)")

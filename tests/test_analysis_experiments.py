@@ -344,3 +344,11 @@ def test_bad_input_subprocess(tmp_path: Path, script: str, args: list[str]) -> N
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert not out.exists()
+
+
+def test_ablation_bars_have_twenty_distinct_colours() -> None:
+    # the default colour cycle repeats after 10, and the ablation has 13 variants: two
+    # bars of one colour could not be told apart in the legend
+    ablation = load_analysis("ablation")
+    colours = [ablation.bar_colour(i) for i in range(20)]
+    assert len(set(colours)) == 20
