@@ -168,6 +168,11 @@ def test_split_specs_keeps_parameters_together() -> None:
         "cpf",
     ]
     assert split_specs("") == []
+    # a value may name specs itself (a rollout's bases); a module spec starts anew
+    assert split_specs("topas-rollout:cross=0,bases=topas+topas:drain=0+lpm,m:C:g=1,h=2") == [
+        "topas-rollout:cross=0,bases=topas+topas:drain=0+lpm",
+        "m:C:g=1,h=2",
+    ]
 
 
 def test_policy_gap_intervals_and_loud_errors() -> None:

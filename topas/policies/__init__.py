@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import re
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -174,15 +175,21 @@ def _convert(field: dataclasses.Field, value: str, spec: str) -> Any:
         ) from None
 
 
+_PARAMETER = re.compile(r"[A-Za-z_]\w*=")
+"""A spec's parameter piece: ``key=`` with a plain name for key (a spec names a policy
+first: ``lpm``, ``topas:...``, ``mymod:Class:...``)."""
+
+
 def split_specs(text: str) -> list[str]:
     """Split a comma-separated list of policy specs, keeping a spec's own parameters:
-    ``"topas:reuse=0,aging=0,lpm"`` -> ``["topas:reuse=0,aging=0", "lpm"]`` (a piece with
-    ``=`` and no ``:`` continues the previous spec's parameters)."""
+    ``"topas:reuse=0,aging=0,lpm"`` -> ``["topas:reuse=0,aging=0", "lpm"]`` (a piece
+    ``key=value``, its key a plain name, continues the previous spec's parameters, even
+    where the value names specs itself: ``bases=topas+topas:drain=0``)."""
     out: list[str] = []
     for piece in (p.strip() for p in text.split(",")):
         if not piece:
             continue
-        if out and "=" in piece and ":" not in piece and ":" in out[-1]:
+        if out and _PARAMETER.match(piece) and ":" in out[-1]:
             out[-1] += "," + piece
         else:
             out.append(piece)
