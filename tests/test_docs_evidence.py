@@ -860,3 +860,69 @@ def test_drain_ablation_table_matches_its_runs(topas_md: str) -> None:
             assert paper[key] == r["mean_jct"], key
             checked += 1
     assert checked == 5 * 3 * 10 * 9  # every baseline's and topas's run of the study
+
+
+NARROW_NODRAIN = (
+    "topas-rollout:narrow_stages=256,narrow_bases=3,"
+    "bases=topas+topas-greedy+topas:drain=0+lpm+parrot-fcfs"
+)
+
+
+def narrow_nodrain_rows() -> list[str]:
+    """The no-drain narrow rollout's table lines, recomputed: against the best registered
+    baseline from its own studies, paired against the narrow and the default rollouts
+    from the `narrow_stages=256` studies on the same instances, and its mean run time."""
+    from topas.policies import BASELINES
+
+    cp = load_analysis("compare_policies")
+    lines = []
+    for seeds, folder, earlier in (
+        ("20-24", "narrow_nodrain_tl12_20", "narrow256_tl12_20"),
+        ("40-44", "narrow_nodrain_tl12_40", "narrow256_12_40"),
+    ):
+        cfg, rows = study_runs(folder)
+        cells = [seeds]
+        for spec in (NARROW_NODRAIN, "topas:drain=0"):
+            changes = []
+            for m in METRICS2:
+                c = cp.compare_point(
+                    rows, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
+                )
+                changes.append(cp.ex.fmt_change(c["change"], c["half"]))
+            cells.append(" / ".join(changes))
+        rollouts = ("topas-rollout:narrow_stages=256", "topas-rollout")
+        merged = rows + [
+            r
+            for r in study_runs(earlier)[1]
+            if r["workload"] == "metagpt-tl" and r["policy"] in rollouts
+        ]
+        for other in rollouts:
+            pairs = [
+                cp.ex.paired_change(merged, {"policy": NARROW_NODRAIN}, {"policy": other}, m)
+                for m in METRICS2
+            ]
+            cells.append(" / ".join(cp.ex.fmt_change(*p) for p in pairs))
+        runtime = cp.ex.mean_of(cp.ex.select(rows, policy=NARROW_NODRAIN), "runtime_s")
+        cells.append(f"{runtime:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_narrow_nodrain_table_matches_its_runs(topas_md: str) -> None:
+    """The no-drain narrow rollout's table, every cell recomputed, and the two studies'
+    baselines, `topas` and `topas-greedy` equal to the `narrow_stages=256` studies'."""
+    text = section(topas_md, "- **A narrow rollout with a no-drain base**", until="\n- **")
+    start = text.index("| seeds | SPEC against")
+    assert [ln.strip() for ln in text[start:].splitlines()[2:4]] == narrow_nodrain_rows()
+    for folder, earlier in (
+        ("narrow_nodrain_tl12_20", "narrow256_tl12_20"),
+        ("narrow_nodrain_tl12_40", "narrow256_12_40"),
+    ):
+        mine = {(r["seed"], r["policy"]): r["mean_jct"] for r in study_runs(folder)[1]}
+        shared = [
+            r
+            for r in study_runs(earlier)[1]
+            if r["workload"] == "metagpt-tl" and (r["seed"], r["policy"]) in mine
+        ]
+        assert len(shared) == 5 * 10  # 8 baselines, topas, topas-greedy
+        assert all(mine[r["seed"], r["policy"]] == r["mean_jct"] for r in shared)
