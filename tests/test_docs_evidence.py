@@ -868,6 +868,13 @@ NARROW_NODRAIN = (
 )
 
 
+NARROW_NODRAIN_POINTS = (
+    ("20-24", "metagpt-tl", "narrow_nodrain_tl12_20", "narrow256_tl12_20"),
+    ("40-44", "metagpt-tl", "narrow_nodrain_tl12_40", "narrow256_12_40"),
+)
+"""(seeds, workload, its study, the `narrow_stages=256` study of the same instances)."""
+
+
 def narrow_nodrain_rows() -> list[str]:
     """The no-drain narrow rollout's table lines, recomputed: against the best registered
     baseline from its own studies, paired against the narrow and the default rollouts
@@ -876,12 +883,9 @@ def narrow_nodrain_rows() -> list[str]:
 
     cp = load_analysis("compare_policies")
     lines = []
-    for seeds, folder, earlier in (
-        ("20-24", "narrow_nodrain_tl12_20", "narrow256_tl12_20"),
-        ("40-44", "narrow_nodrain_tl12_40", "narrow256_12_40"),
-    ):
+    for seeds, workload, folder, earlier in NARROW_NODRAIN_POINTS:
         cfg, rows = study_runs(folder)
-        cells = [seeds]
+        cells = [f"{seeds}, {workload}"]
         for spec in (NARROW_NODRAIN, "topas:drain=0"):
             changes = []
             for m in METRICS2:
@@ -894,7 +898,7 @@ def narrow_nodrain_rows() -> list[str]:
         merged = rows + [
             r
             for r in study_runs(earlier)[1]
-            if r["workload"] == "metagpt-tl" and r["policy"] in rollouts
+            if r["workload"] == workload and r["policy"] in rollouts
         ]
         for other in rollouts:
             pairs = [
@@ -912,17 +916,15 @@ def test_narrow_nodrain_table_matches_its_runs(topas_md: str) -> None:
     """The no-drain narrow rollout's table, every cell recomputed, and the two studies'
     baselines, `topas` and `topas-greedy` equal to the `narrow_stages=256` studies'."""
     text = section(topas_md, "- **A narrow rollout with a no-drain base**", until="\n- **")
-    start = text.index("| seeds | SPEC against")
-    assert [ln.strip() for ln in text[start:].splitlines()[2:4]] == narrow_nodrain_rows()
-    for folder, earlier in (
-        ("narrow_nodrain_tl12_20", "narrow256_tl12_20"),
-        ("narrow_nodrain_tl12_40", "narrow256_12_40"),
-    ):
+    start = text.index("| seeds, workload | SPEC against")
+    rows = narrow_nodrain_rows()
+    assert [ln.strip() for ln in text[start:].splitlines()[2 : 2 + len(rows)]] == rows
+    for _, workload, folder, earlier in NARROW_NODRAIN_POINTS:
         mine = {(r["seed"], r["policy"]): r["mean_jct"] for r in study_runs(folder)[1]}
         shared = [
             r
             for r in study_runs(earlier)[1]
-            if r["workload"] == "metagpt-tl" and (r["seed"], r["policy"]) in mine
+            if r["workload"] == workload and (r["seed"], r["policy"]) in mine
         ]
         assert len(shared) == 5 * 10  # 8 baselines, topas, topas-greedy
         assert all(mine[r["seed"], r["policy"]] == r["mean_jct"] for r in shared)
