@@ -871,14 +871,16 @@ NARROW_NODRAIN = (
 NARROW_NODRAIN_POINTS = (
     ("20-24", "metagpt-tl", "narrow_nodrain_tl12_20", "narrow256_tl12_20"),
     ("40-44", "metagpt-tl", "narrow_nodrain_tl12_40", "narrow256_12_40"),
+    ("40-44", "mixed", "narrow_nodrain_mixed12_40", "narrow256_12_40"),
 )
 """(seeds, workload, its study, the `narrow_stages=256` study of the same instances)."""
 
 
 def narrow_nodrain_rows() -> list[str]:
     """The no-drain narrow rollout's table lines, recomputed: against the best registered
-    baseline from its own studies, paired against the narrow and the default rollouts
-    from the `narrow_stages=256` studies on the same instances, and its mean run time."""
+    baseline from its own studies (bold where worse beyond the CI), paired against the
+    narrow and the default rollouts from the `narrow_stages=256` studies on the same
+    instances, and its mean run time."""
     from topas.policies import BASELINES
 
     cp = load_analysis("compare_policies")
@@ -892,7 +894,9 @@ def narrow_nodrain_rows() -> list[str]:
                 c = cp.compare_point(
                     rows, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
                 )
-                changes.append(cp.ex.fmt_change(c["change"], c["half"]))
+                cell = cp.ex.fmt_change(c["change"], c["half"])
+                worse = cp.ex.worse_beyond_ci(c["change"], c["half"])
+                changes.append(f"**{cell}**" if worse else cell)
             cells.append(" / ".join(changes))
         rollouts = ("topas-rollout:narrow_stages=256", "topas-rollout")
         merged = rows + [
