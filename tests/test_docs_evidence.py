@@ -680,12 +680,25 @@ FRONTIER12_SPECS = ("topas", "topas-greedy", "topas-greedy:aging=0.1", "topas-gr
 METRICS2 = ("mean_jct", "p99_jct")
 
 
+def against_registered(point: list[dict], cfg: dict, spec: str) -> str:
+    """``spec``'s change against the best of the 8 registered baselines at one point,
+    ``mean / p99`` with their CIs, each bold where worse beyond the CI."""
+    from topas.policies import BASELINES
+
+    cp = load_analysis("compare_policies")
+    changes = []
+    for m in METRICS2:
+        c = cp.compare_point(point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m)
+        cell = cp.ex.fmt_change(c["change"], c["half"])
+        changes.append(f"**{cell}**" if cp.ex.worse_beyond_ci(c["change"], c["half"]) else cell)
+    return " / ".join(changes)
+
+
 def frontier12_rows() -> list[str]:
     """The table lines of "The trade at load 1.2 on reporting seeds", recomputed from the
     two studies' runs.csv: each spec's change against the best *registered* baseline
     (bold where worse beyond the CI), and how many probe settings are ahead of ``topas``
     and of ``topas-greedy`` on both metrics (means over the seeds)."""
-    from topas.policies import BASELINES
 
     cp = load_analysis("compare_policies")
     lines = []
@@ -694,16 +707,7 @@ def frontier12_rows() -> list[str]:
         for workload in cfg["workloads"]:
             point = [r for r in rows if r["workload"] == workload]
             cells = [f"{seeds}, {workload}"]
-            for name in FRONTIER12_SPECS:
-                changes = []
-                for metric in METRICS2:
-                    c = cp.compare_point(
-                        point, {**cfg, "baselines": list(BASELINES), "proposed": name}, metric
-                    )
-                    cell = cp.ex.fmt_change(c["change"], c["half"])
-                    worse = cp.ex.worse_beyond_ci(c["change"], c["half"])
-                    changes.append(f"**{cell}**" if worse else cell)
-                cells.append(" / ".join(changes))
+            cells += [against_registered(point, cfg, name) for name in FRONTIER12_SPECS]
             at = {
                 p: tuple(cp.ex.mean_of(cp.ex.select(point, policy=p), m) for m in METRICS2)
                 for p in cfg["policies"]
@@ -881,23 +885,13 @@ def narrow_nodrain_rows() -> list[str]:
     baseline from its own studies (bold where worse beyond the CI), paired against the
     narrow and the default rollouts from the `narrow_stages=256` studies on the same
     instances, and its mean run time."""
-    from topas.policies import BASELINES
 
     cp = load_analysis("compare_policies")
     lines = []
     for seeds, workload, folder, earlier in NARROW_NODRAIN_POINTS:
         cfg, rows = study_runs(folder)
         cells = [f"{seeds}, {workload}"]
-        for spec in (NARROW_NODRAIN, "topas:drain=0"):
-            changes = []
-            for m in METRICS2:
-                c = cp.compare_point(
-                    rows, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
-                )
-                cell = cp.ex.fmt_change(c["change"], c["half"])
-                worse = cp.ex.worse_beyond_ci(c["change"], c["half"])
-                changes.append(f"**{cell}**" if worse else cell)
-            cells.append(" / ".join(changes))
+        cells += [against_registered(rows, cfg, spec) for spec in (NARROW_NODRAIN, "topas:drain=0")]
         rollouts = ("topas-rollout:narrow_stages=256", "topas-rollout")
         merged = rows + [
             r
