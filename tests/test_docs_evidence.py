@@ -626,6 +626,7 @@ def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) ->
 
 
 NARROW = "topas-rollout:narrow_stages=256"
+METRICS2 = ("mean_jct", "p99_jct")
 NARROW_POINTS = (
     ("narrow256_tl12_20", "20-24", "metagpt-tl"),
     ("narrow256_12_40", "40-44", "metagpt-tl"),
@@ -644,12 +645,12 @@ def narrow_rows() -> list[list[str]]:
         cells = [f"{seeds}, {workload}"]
         for name in (NARROW, "topas-rollout", "topas-greedy"):
             changes = []
-            for metric in ("mean_jct", "p99_jct"):
+            for metric in METRICS2:
                 c = cp.compare_point(point, {**cfg, "proposed": name}, metric)
                 changes.append(cp.ex.fmt_change(c["change"], c["half"]))
             cells.append(" / ".join(changes))
         cuts = []
-        for metric in ("mean_jct", "p99_jct"):
+        for metric in METRICS2:
             change, half = cp.ex.paired_change(
                 point, {"policy": NARROW}, {"policy": "topas-rollout"}, metric
             )
@@ -677,21 +678,30 @@ def test_narrow_rollout_table_matches_its_runs(topas_md: str) -> None:
 
 FRONTIER12 = (("frontier12_20", "20-24"), ("frontier12_40", "40-44"))
 FRONTIER12_SPECS = ("topas", "topas-greedy", "topas-greedy:aging=0.1", "topas-greedy:aging=0")
-METRICS2 = ("mean_jct", "p99_jct")
 
 
-def against_registered(point: list[dict], cfg: dict, spec: str) -> str:
-    """``spec``'s change against the best of the 8 registered baselines at one point,
-    ``mean / p99`` with their CIs, each bold where worse beyond the CI."""
+def vs_registered(
+    point: list[dict], cfg: dict, spec: str, metric: str
+) -> tuple[float, float, bool]:
+    """``spec``'s change against the best of the 8 registered baselines at one point (a
+    study's own config may count probes as baselines), by compare_policies' comparison:
+    (change %, CI half-width, worse beyond the CI)."""
     from topas.policies import BASELINES
 
     cp = load_analysis("compare_policies")
-    changes = []
+    c = cp.compare_point(point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, metric)
+    return c["change"], c["half"], cp.ex.worse_beyond_ci(c["change"], c["half"])
+
+
+def against_registered(point: list[dict], cfg: dict, spec: str) -> str:
+    """:func:`vs_registered` as a table cell: ``mean / p99`` with their CIs, each bold
+    where worse beyond the CI."""
+    fmt = load_analysis("compare_policies").ex.fmt_change
+    cells = []
     for m in METRICS2:
-        c = cp.compare_point(point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m)
-        cell = cp.ex.fmt_change(c["change"], c["half"])
-        changes.append(f"**{cell}**" if cp.ex.worse_beyond_ci(c["change"], c["half"]) else cell)
-    return " / ".join(changes)
+        change, half, worse = vs_registered(point, cfg, spec, m)
+        cells.append(f"**{fmt(change, half)}**" if worse else fmt(change, half))
+    return " / ".join(cells)
 
 
 def frontier12_rows() -> list[str]:
@@ -699,7 +709,6 @@ def frontier12_rows() -> list[str]:
     two studies' runs.csv: each spec's change against the best *registered* baseline
     (bold where worse beyond the CI), and how many probe settings are ahead of ``topas``
     and of ``topas-greedy`` on both metrics (means over the seeds)."""
-
     cp = load_analysis("compare_policies")
     lines = []
     for folder, seeds in FRONTIER12:
@@ -756,9 +765,6 @@ def averaged_changes(folder: str, spec: str) -> dict[str, float]:
     """``spec``'s change against the best registered baseline over every (workload, load)
     point of a committed study, by compare_policies' comparison: the mean of each metric's
     change, the worst p99 change, and the cells worse beyond the CI."""
-    from topas.policies import BASELINES
-
-    cp = load_analysis("compare_policies")
     cfg, rows = study_runs(folder)
     changes: dict[str, list[float]] = {m: [] for m in METRICS2}
     worse = 0
@@ -766,11 +772,9 @@ def averaged_changes(folder: str, spec: str) -> dict[str, float]:
         for load in cfg["loads"]:
             point = [r for r in rows if r["workload"] == workload and r["load"] == load]
             for m in METRICS2:
-                c = cp.compare_point(
-                    point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
-                )
-                changes[m].append(c["change"])
-                worse += cp.ex.worse_beyond_ci(c["change"], c["half"])
+                change, _, beyond = vs_registered(point, cfg, spec, m)
+                changes[m].append(change)
+                worse += beyond
     return {
         "mean": sum(changes["mean_jct"]) / len(changes["mean_jct"]),
         "p99": sum(changes["p99_jct"]) / len(changes["p99_jct"]),
@@ -813,9 +817,6 @@ def nodrain_rows() -> list[str]:
     """The drain ablation's table lines: per paper workload, `topas`'s and
     `topas:drain=0`'s change against the best registered baseline (mean / p99, bold where
     worse beyond the CI) at each load of the study."""
-    from topas.policies import BASELINES
-
-    cp = load_analysis("compare_policies")
     cfg, rows = study_runs("paper_nodrain")
     lines = []
     for workload in cfg["workloads"]:
@@ -826,13 +827,8 @@ def nodrain_rows() -> list[str]:
                 point = [r for r in rows if r["workload"] == workload and r["load"] == load]
                 pair = []
                 for m in METRICS2:
-                    c = cp.compare_point(
-                        point, {**cfg, "baselines": list(BASELINES), "proposed": spec}, m
-                    )
-                    cell = f"{c['change']:+.1f}"
-                    pair.append(
-                        f"**{cell}**" if cp.ex.worse_beyond_ci(c["change"], c["half"]) else cell
-                    )
+                    change, _, worse = vs_registered(point, cfg, spec, m)
+                    pair.append(f"**{change:+.1f}**" if worse else f"{change:+.1f}")
                 per_load.append(" / ".join(pair))
             cells.append("; ".join(per_load))
         lines.append("| " + " | ".join(cells) + " |")
@@ -885,14 +881,13 @@ def narrow_nodrain_rows() -> list[str]:
     baseline from its own studies (bold where worse beyond the CI), paired against the
     narrow and the default rollouts from the `narrow_stages=256` studies on the same
     instances, and its mean run time."""
-
     cp = load_analysis("compare_policies")
     lines = []
     for seeds, workload, folder, earlier in NARROW_NODRAIN_POINTS:
         cfg, rows = study_runs(folder)
         cells = [f"{seeds}, {workload}"]
         cells += [against_registered(rows, cfg, spec) for spec in (NARROW_NODRAIN, "topas:drain=0")]
-        rollouts = ("topas-rollout:narrow_stages=256", "topas-rollout")
+        rollouts = (NARROW, "topas-rollout")
         merged = rows + [
             r
             for r in study_runs(earlier)[1]
