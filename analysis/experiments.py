@@ -36,7 +36,7 @@ import numpy as np
 from topas.errors import InputError
 from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
-from topas.schedule import Metrics, evaluate
+from topas.schedule import Metrics, Schedule, evaluate
 from topas.simulator import simulate
 from topas.studies import StudyParams, md_table, run_jobs, study_files, write_outputs
 from topas.studies import config_json as study_config_json
@@ -110,6 +110,24 @@ def make_instance(
     )
 
 
+def simulate_point(
+    workload: str,
+    load: float,
+    seed: int,
+    spec: str,
+    num_tasks: int,
+    prediction_error: float = 0.0,
+    kv_scale: float = 1.0,
+    **gen_kwargs: Any,
+) -> tuple[Instance, Schedule]:
+    """One point's instance and its schedule under ``spec`` (calibrated timing)."""
+    inst = make_instance(workload, load, seed, num_tasks, kv_scale, **gen_kwargs)
+    schedule = simulate(
+        inst, make_policy(spec), timing=TIMING, seed=seed, prediction_error=prediction_error
+    )
+    return inst, schedule
+
+
 def run_point(
     workload: str,
     load: float,
@@ -126,9 +144,8 @@ def run_point(
     evaluate). ``prediction_error`` is the log-normal sigma on the output lengths the
     policy is told, drawn from ``seed`` so every policy with that seed is told the same."""
     start = time.perf_counter()
-    inst = make_instance(workload, load, seed, num_tasks, kv_scale, **gen_kwargs)
-    schedule = simulate(
-        inst, make_policy(spec), timing=TIMING, seed=seed, prediction_error=prediction_error
+    inst, schedule = simulate_point(
+        workload, load, seed, spec, num_tasks, prediction_error, kv_scale, **gen_kwargs
     )
     metrics = evaluate(schedule)
     row: dict[str, Any] = {
@@ -156,11 +173,14 @@ def run_grid(
     n_jobs: int,
     progress: bool = True,
     checkpoint: Checkpoint | None = None,
+    runner: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every job (keyword arguments of :func:`run_point`) on ``n_jobs`` processes
-    (:func:`topas.studies.run_jobs`: rows in the order of ``jobs``; with a
-    ``checkpoint``, rows kept as they finish and reused for the jobs it holds)."""
-    return run_jobs(_run_job, [dict(job) for job in jobs], n_jobs, progress, checkpoint=checkpoint)
+    """Run every job (keyword arguments of :func:`run_point`, or whatever ``runner``, a
+    module-level function, takes) on ``n_jobs`` processes (:func:`topas.studies.run_jobs`:
+    rows in the order of ``jobs``; with a ``checkpoint``, rows kept as they finish and
+    reused for the jobs it holds)."""
+    fn = _run_job if runner is None else runner  # looked up now: tests replace _run_job
+    return run_jobs(fn, [dict(job) for job in jobs], n_jobs, progress, checkpoint=checkpoint)
 
 
 def unique_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -355,9 +375,11 @@ def run_study(
     plots: Mapping[str, Callable[[list[dict[str, Any]], Mapping[str, Any]], bytes]],
     progress: bool,
     resume: bool = False,
+    runner: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
 ) -> int:
-    """Run ``jobs``, then render config.json, runs.csv, summary.md and ``plots`` (name ->
-    renderer) and write them all into ``cfg["out"]``; print the summary.
+    """Run ``jobs`` (each by ``runner``; by default :func:`run_point`),
+    then render config.json, runs.csv, summary.md and ``plots``
+    (name -> renderer) and write them all into ``cfg["out"]``; print the summary.
 
     Finished runs are kept in the folder's checkpoint (:mod:`topas.studies.checkpoint`)
     as they arrive, and the checkpoint is deleted once the files are written. A
@@ -367,7 +389,7 @@ def run_study(
     cfg = StudyParams(cfg)  # validated by the study's command line: frozen from here on
     checkpoint = open_checkpoint(Path(cfg["out"]), resume)
     start = time.perf_counter()
-    rows = run_grid(jobs, cfg["jobs"], progress=progress, checkpoint=checkpoint)
+    rows = run_grid(jobs, cfg["jobs"], progress=progress, checkpoint=checkpoint, runner=runner)
     wall_s = time.perf_counter() - start
     summary = summarize(rows, cfg, command, wall_s) + checkpoint.note(len(rows))
     params = {**cfg.to_json(), "runs": len(rows), "wall_s": round(wall_s, 3)}

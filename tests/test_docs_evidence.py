@@ -921,3 +921,50 @@ def test_narrow_nodrain_table_matches_its_runs(topas_md: str) -> None:
         ]
         assert len(shared) == 5 * 10  # 8 baselines, topas, topas-greedy
         assert all(mine[r["seed"], r["policy"]] == r["mean_jct"] for r in shared)
+
+
+BY_SIZE = (("jct_by_size_12", "20-24"), ("jct_by_size_paper12", "20-29"))
+BY_SIZE_SPECS = ("spf", "topas", "topas-greedy")
+
+
+def by_size_rows() -> list[str]:
+    """The table lines of "Which tasks pay for the mean", recomputed from the two
+    studies' runs.csv: the smallest and the largest quarter's mean JCT under `spf`,
+    `topas` and `topas-greedy` (means over the seeds), and `topas`'s over `spf`'s."""
+    jbs = load_analysis("jct_by_size")
+    lines = []
+    for folder, seeds in BY_SIZE:
+        cfg, rows = study_runs(folder)
+        assert cfg["groups"] == 4 and cfg["loads"] == [1.2]
+        for w in cfg["workloads"]:
+            quarters = {p: jbs.group_means(rows, cfg, w, 1.2, p) for p in BY_SIZE_SPECS}
+            cells = [f"{seeds}, {w}"]
+            for g in (0, 3):
+                cells.append(" / ".join(jbs.ex.fmt_s(quarters[p][g]) for p in BY_SIZE_SPECS))
+                cells.append(f"{quarters['topas'][g] / quarters['spf'][g]:.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_by_size_table_matches_its_runs(topas_md: str) -> None:
+    """The task-size table of "Which tasks pay for the mean", every cell recomputed, and
+    the two studies' mean JCTs equal, run by run, to the earlier studies of the same
+    instances (the load-1.2 trade study, the SOP-paper frontier study)."""
+    text = section(topas_md, "**Which tasks pay for the mean**", until="\n- **")
+    start = text.index("| seeds, workload | smallest quarter |")
+    lines = [ln.strip() for ln in text[start:].splitlines()[2:9]]
+    assert lines == by_size_rows()
+    for mine, other in (
+        ("jct_by_size_12", "frontier12_20"),
+        ("jct_by_size_paper12", "sop_frontier"),
+    ):
+        runs = {
+            (r["workload"], r["load"], r["seed"], r["policy"]): r["mean_jct"]
+            for r in study_runs(mine)[1]
+        }
+        shared = [
+            (r["mean_jct"], runs[key])
+            for r in study_runs(other)[1]
+            if (key := (r["workload"], r["load"], r["seed"], r["policy"])) in runs
+        ]
+        assert len(shared) >= 40 and all(a == b for a, b in shared), (mine, other)
