@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_policies as cp  # noqa: E402
 import experiments as ex  # noqa: E402
 
 from topas.instance import Instance  # noqa: E402
@@ -72,6 +73,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
         "groups": ex.parse_positive_int(args.groups, "--groups"),
         "policies": ex.parse_policies(args.policies, "--policies"),
         "jobs": ex.parse_jobs(args.jobs),
+        "kv_scale": 1.0,
         "out": str(ex.check_out(args.out)),
         "profile": ex.parse_profile(args.profile),
     }
@@ -82,21 +84,8 @@ def config_from_args(args: Any) -> dict[str, Any]:
 
 
 def make_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {
-            "workload": w,
-            "load": load,
-            "seed": s,
-            "spec": p,
-            "num_tasks": cfg["tasks"],
-            "groups": cfg["groups"],
-            **ex.profile_kwargs(cfg),
-        }
-        for w in cfg["workloads"]
-        for load in cfg["loads"]
-        for s in cfg["seeds"]
-        for p in cfg["policies"]
-    ]
+    """compare_policies' runs (the same instances), each with the number of groups."""
+    return [{**job, "groups": cfg["groups"]} for job in cp.make_jobs(cfg)]
 
 
 # --------------------------------------------------------------------------- one run
