@@ -968,3 +968,73 @@ def test_by_size_table_matches_its_runs(topas_md: str) -> None:
             if (key := (r["workload"], r["load"], r["seed"], r["policy"])) in runs
         ]
         assert len(shared) >= 40 and all(a == b for a, b in shared), (mine, other)
+
+
+def readme_findings() -> str:
+    """The README's "What the studies find", as one line of text."""
+    readme = (DOCS.parent / "README.md").read_text()
+    return " ".join(section(readme, "## What the studies find", until="\n## ").split())
+
+
+def summary_row(folder: str, start: str) -> list[str]:
+    """The cells of the first table row of a committed summary that starts with ``start``."""
+    text = (DOCS / "results" / folder / "summary.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith(start))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_readme_findings_match_their_summaries() -> None:
+    """Every figure of the README's summary of the studies, read again from the committed
+    summaries (and the task-size ratios from their runs) it stands for."""
+    text = readme_findings()
+    cuts = []
+    for w in ("chain-3", "dag-4", "dag-10-wide", "metagpt-tl-paper"):
+        row = summary_row("paper", f"| {w} |")
+        mean, p99 = (row[i].split(" ± ")[0].lstrip("+") for i in (2, 5))
+        cuts.append(f"{mean} / {p99}%")
+        assert f"{row[1]} / {row[4]}" in text, w  # the paper's own
+    assert (
+        f"are {cuts[0]} on Chain-3, {cuts[1]} on DAG-4, {cuts[2]} on DAG-10-Wide and "
+        f"{cuts[3]} on MetaGPT-TL-paper" in text
+    )
+    sop = summary_row("paper", "| metagpt-sop-paper |")
+    assert f"its mean is {-float(sop[3]):.0f}% and its p99 {-float(sop[6]):.0f}% above" in text
+    paper_text = (DOCS / "results" / "paper" / "summary.md").read_text()
+    tally = re.search(r"point: (\d+) wins, (\d+) ties \(CI includes 0\), (\d+) losses", paper_text)
+    assert tally and "{} wins, {} ties, {} losses".format(*tally.groups()) in text
+    mean, worse_mean, p99, worse_p99 = summary_row("compare", "| `topas` |")[1:5]
+    assert f"{mean}% mean / {p99}% p99 averaged (seeds 20-24)" in text
+    worse = int(worse_mean.split("/")[0]) + int(worse_p99.split("/")[0])
+    assert f"at {worse} of 40 points" in text
+    row40 = summary_row("replication/compare_seeds40", "| `topas` |")
+    worse40 = int(row40[2].split("/")[0]) + int(row40[4].split("/")[0])
+    assert f"({worse40} of 40 on seeds 40-44)" in text
+    cells = [ln.strip("| ").split(" | ") for ln in by_size_rows()[:5]]  # today's five
+    smallest = [float(c[2]) for c in cells]
+    largest = [1 / float(c[4]) for c in cells]
+    assert f"finishes {min(smallest):.1f}-{max(smallest):.1f}x sooner" in text
+    assert f"quarter {min(largest):.1f}-{max(largest):.1f}x later" in text
+    gap, rollout = (summary_row("gap", f"| `{spec}` |") for spec in ("topas", "topas-rollout"))
+    assert f"{gap[2]}% mean gap, {gap[4]}% max" in text
+    assert f"simulating what follows, {rollout[2]}% and {rollout[4]}%" in text
+    bench = summary_row("bench_decision", "| `topas` | 64 | 1000 |")
+    assert f"{float(bench[3]):.2f} ms p50 and {float(bench[4]):.2f} ms p99" in text
+
+
+def test_decision_time_table_matches_its_runs(topas_md: str) -> None:
+    """The table of "Decision time", every cell read again from the committed bench's
+    runs.json (ms: TOPAS to two decimals, `lpm` to three)."""
+    import json
+
+    runs = json.loads((DOCS / "results" / "bench_decision" / "runs.json").read_text())["runs"]
+    text = section(topas_md, "### Decision time", until="\nTargets (issue 11)")
+    lines = [ln.replace("**", "") for ln in text.splitlines() if re.match(r"\| (8|64) \| ", ln)]
+    assert len(lines) == 8
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        agents, waiting = int(cells[0]), int(cells[1].replace(",", ""))
+        by = {r["policy"]: r for r in runs if (r["agents"], r["waiting"]) == (agents, waiting)}
+        topas, lpm = by["topas"], by["lpm"]
+        assert cells[2] == f"{topas['p50_ms']:.2f} / {topas['p99_ms']:.2f}", line
+        assert cells[3] == f"{topas['mean_evaluated']:.1f}, {topas['max_evaluated']}", line
+        assert cells[4].split(" (")[0] == f"{lpm['p50_ms']:.3f} / {lpm['p99_ms']:.3f}", line
