@@ -45,37 +45,22 @@ DEFAULT_LOADS = "0.5,0.8,1.0,1.2"
 
 def build_parser() -> ex.Parser:
     ap = ex.Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default=",".join(ex.STUDY_WORKLOADS), help="comma-separated")
-    ex.add_profile_option(ap)
-    ap.add_argument("--loads", default=DEFAULT_LOADS, help="load factors, comma-separated")
-    ap.add_argument(
-        "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
+    ex.add_grid_options(
+        ap,
+        workloads=",".join(ex.STUDY_WORKLOADS),
+        loads=DEFAULT_LOADS,
+        policies=ex.compared_policies(),
+        out="results/compare",
     )
-    ap.add_argument("--tasks", default="200", help="tasks per instance")
-    ap.add_argument("--policies", default=ex.compared_policies(), help="policy specs")
     ap.add_argument("--proposed", default=PROPOSED, help="the spec compared with the best baseline")
-    ex.add_tuning_option(ap)
-    ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
     ap.add_argument("--kv-scale", default="1.0", help="multiplies the default KV budget")
-    ap.add_argument("--out", default="results/compare", help="output folder")
-    ex.add_run_options(ap)
     return ap
 
 
 def config_from_args(args: Any) -> dict[str, Any]:
     """Validated parameters (raises :class:`experiments.CliError`)."""
-    cfg: dict[str, Any] = {
-        "workloads": ex.parse_workloads(args.workloads),
-        "loads": ex.parse_floats(args.loads, "--loads", 0.0, strict=True),
-        "seeds": ex.study_seeds(args),
-        "tuning": bool(args.tuning),
-        "tasks": ex.parse_positive_int(args.tasks, "--tasks"),
-        "policies": ex.parse_policies(args.policies, "--policies"),
-        "jobs": ex.parse_jobs(args.jobs),
-        "kv_scale": ex.parse_positive_float(args.kv_scale, "--kv-scale"),
-        "out": str(ex.check_out(args.out)),
-        "profile": ex.parse_profile(args.profile),
-    }
+    cfg = ex.grid_config(args)
+    cfg["kv_scale"] = ex.parse_positive_float(args.kv_scale, "--kv-scale")
     if args.proposed != PROPOSED and args.proposed not in cfg["policies"]:
         raise ex.CliError(f"--proposed: {args.proposed!r} is not in --policies")
     if args.proposed != PROPOSED and not ex.is_topas(args.proposed):

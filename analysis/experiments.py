@@ -584,6 +584,40 @@ def add_run_options(ap: argparse.ArgumentParser) -> None:
     add_resume_option(ap)
 
 
+def add_grid_options(
+    ap: argparse.ArgumentParser, *, workloads: str, loads: str, policies: str, out: str
+) -> None:
+    """The options of a study over a grid of (workload, load, seed, policy) runs, with
+    their defaults; read back by :func:`grid_config`."""
+    ap.add_argument("--workloads", default=workloads, help="comma-separated")
+    add_profile_option(ap)
+    ap.add_argument("--loads", default=loads, help="load factors, comma-separated")
+    ap.add_argument(
+        "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
+    )
+    ap.add_argument("--tasks", default="200", help="tasks per instance")
+    ap.add_argument("--policies", default=policies, help="policy specs")
+    add_tuning_option(ap)
+    ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
+    ap.add_argument("--out", default=out, help="output folder")
+    add_run_options(ap)
+
+
+def grid_config(args: Any) -> dict[str, Any]:
+    """The validated values of :func:`add_grid_options` (raises :class:`CliError`)."""
+    return {
+        "workloads": parse_workloads(args.workloads),
+        "loads": parse_floats(args.loads, "--loads", 0.0, strict=True),
+        "seeds": study_seeds(args),
+        "tuning": bool(args.tuning),
+        "tasks": parse_positive_int(args.tasks, "--tasks"),
+        "policies": parse_policies(args.policies, "--policies"),
+        "jobs": parse_jobs(args.jobs),
+        "out": str(check_out(args.out)),
+        "profile": parse_profile(args.profile),
+    }
+
+
 def study_seeds(args: Any) -> list[int]:
     """``--seeds`` parsed; tuning seeds refused unless ``--tuning`` (a run for choosing
     defaults, which :func:`tuning_lines` marks in its summary)."""

@@ -46,37 +46,22 @@ DEFAULT_POLICIES = "spf,parrot-fcfs,lpm,topas,topas-greedy"
 
 def build_parser() -> ex.Parser:
     ap = ex.Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default="metagpt-tl", help="comma-separated")
-    ex.add_profile_option(ap)
-    ap.add_argument("--loads", default="1.2", help="load factors, comma-separated")
-    ap.add_argument(
-        "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
+    ex.add_grid_options(
+        ap,
+        workloads="metagpt-tl",
+        loads="1.2",
+        policies=DEFAULT_POLICIES,
+        out="results/jct_by_size",
     )
-    ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--groups", default="4", help="task-size groups per instance")
-    ap.add_argument("--policies", default=DEFAULT_POLICIES, help="policy specs")
-    ex.add_tuning_option(ap)
-    ap.add_argument("--jobs", default=None, help="parallel processes (default: CPU count)")
-    ap.add_argument("--out", default="results/jct_by_size", help="output folder")
-    ex.add_run_options(ap)
     return ap
 
 
 def config_from_args(args: Any) -> dict[str, Any]:
     """Validated parameters (raises :class:`experiments.CliError`)."""
-    cfg: dict[str, Any] = {
-        "workloads": ex.parse_workloads(args.workloads),
-        "loads": ex.parse_floats(args.loads, "--loads", 0.0, strict=True),
-        "seeds": ex.study_seeds(args),
-        "tuning": bool(args.tuning),
-        "tasks": ex.parse_positive_int(args.tasks, "--tasks"),
-        "groups": ex.parse_positive_int(args.groups, "--groups"),
-        "policies": ex.parse_policies(args.policies, "--policies"),
-        "jobs": ex.parse_jobs(args.jobs),
-        "kv_scale": 1.0,
-        "out": str(ex.check_out(args.out)),
-        "profile": ex.parse_profile(args.profile),
-    }
+    cfg = ex.grid_config(args)
+    cfg["groups"] = ex.parse_positive_int(args.groups, "--groups")
+    cfg["kv_scale"] = 1.0  # compare_policies' jobs: the default budget
     if cfg["groups"] > cfg["tasks"]:
         raise ex.CliError(f"--groups: {cfg['groups']} groups of {cfg['tasks']} tasks")
     ex.check_instances(cfg["workloads"], cfg["seeds"], cfg["loads"][0], cfg["tasks"], 1.0)
