@@ -377,9 +377,9 @@ def run_study(
     resume: bool = False,
     runner: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
 ) -> int:
-    """Run ``jobs`` (each by ``runner``; by default :func:`run_point`),
-    then render config.json, runs.csv, summary.md and ``plots``
-    (name -> renderer) and write them all into ``cfg["out"]``; print the summary.
+    """Run ``jobs`` (each by ``runner``, by default :func:`run_point`), then render
+    config.json, runs.csv, summary.md and ``plots`` (name -> renderer) and write them all
+    into ``cfg["out"]``; print the summary.
 
     Finished runs are kept in the folder's checkpoint (:mod:`topas.studies.checkpoint`)
     as they arrive, and the checkpoint is deleted once the files are written. A

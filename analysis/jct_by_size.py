@@ -64,7 +64,9 @@ def config_from_args(args: Any) -> dict[str, Any]:
     cfg["kv_scale"] = 1.0  # compare_policies' jobs: the default budget
     if cfg["groups"] > cfg["tasks"]:
         raise ex.CliError(f"--groups: {cfg['groups']} groups of {cfg['tasks']} tasks")
-    ex.check_instances(cfg["workloads"], cfg["seeds"], cfg["loads"][0], cfg["tasks"], 1.0)
+    ex.check_instances(
+        cfg["workloads"], cfg["seeds"], cfg["loads"][0], cfg["tasks"], cfg["kv_scale"]
+    )
     return cfg
 
 
