@@ -1006,9 +1006,18 @@ def test_readme_findings_match_their_summaries() -> None:
     assert f"{mean}% mean / {p99}% p99 averaged (seeds 20-24)" in text
     worse = int(worse_mean.split("/")[0]) + int(worse_p99.split("/")[0])
     assert f"at {worse} of 40 points" in text
-    row40 = summary_row("replication/compare_seeds40", "| `topas` |")
-    worse40 = int(row40[2].split("/")[0]) + int(row40[4].split("/")[0])
-    assert f"({worse40} of 40 on seeds 40-44)" in text
+    fresh = []
+    for folder, seeds in (("compare_seeds40", "40-44"), ("compare_seeds50", "50-59")):
+        row = summary_row(f"replication/{folder}", "| `topas` |")
+        fresh.append(
+            f"{int(row[2].split('/')[0]) + int(row[4].split('/')[0])} of 40 on seeds {seeds}"
+        )
+    assert f"({fresh[0]}, {fresh[1]})" in text
+    greedy = summary_row("replication/compare_seeds50", "| `topas-greedy` |")
+    assert (greedy[2], greedy[4]) == (
+        "0/20",
+        "0/20",
+    ) and "worse than the best baseline at none" in text
     cells = [ln.strip("| ").split(" | ") for ln in by_size_rows()[:5]]  # today's five
     smallest = [float(c[2]) for c in cells]
     largest = [1 / float(c[4]) for c in cells]
@@ -1038,3 +1047,44 @@ def test_decision_time_table_matches_its_runs(topas_md: str) -> None:
         assert cells[2] == f"{topas['p50_ms']:.2f} / {topas['p99_ms']:.2f}", line
         assert cells[3] == f"{topas['mean_evaluated']:.1f}, {topas['max_evaluated']}", line
         assert cells[4].split(" (")[0] == f"{lpm['p50_ms']:.3f} / {lpm['p99_ms']:.3f}", line
+
+
+def search_against_scorer(folder: str) -> tuple[int, int, float]:
+    """`topas` against `topas-greedy` over a study's points, paired per seed: the (point,
+    metric) cells worse and better beyond the CI, and the mean JCT change averaged."""
+    ex = load_analysis("compare_policies").ex
+    cfg, rows = study_runs(folder)
+    worse = better = 0
+    means = []
+    for w in cfg["workloads"]:
+        for load in cfg["loads"]:
+            point = [r for r in rows if r["workload"] == w and r["load"] == load]
+            for m in METRICS2:
+                c, h = ex.paired_change(point, {"policy": "topas"}, {"policy": "topas-greedy"}, m)
+                worse += ex.worse_beyond_ci(c, h)
+                better += ex.worse_beyond_ci(-c, h)
+                if m == "mean_jct":
+                    means.append(c)
+    return worse, better, sum(means) / len(means)
+
+
+def test_third_replication_set_matches_its_runs(topas_md: str) -> None:
+    """The ten-seed replication of today's five: the tally of each spec against the best
+    registered baseline, and `topas` against `topas-greedy`, recomputed from its runs."""
+    folder = "replication/compare_seeds50"
+    text = " ".join(
+        section(topas_md, "- **A third set, ten seeds", until="\n- **`topas-rollout`").split()
+    )
+    for spec, words in (
+        ("topas", "worse beyond the CI at 6 of 40"),
+        ("topas-greedy", "worse at none"),
+    ):
+        avg = averaged_changes(folder, spec)
+        assert f"{avg['mean']:+.1f}% / {avg['p99']:+.1f}%" in text or (
+            f"{avg['mean']:+.1f}% mean / {avg['p99']:+.1f}% p99" in text
+        ), spec
+        assert words in text
+        assert avg["worse"] == (6 if spec == "topas" else 0)
+    worse, better, mean = search_against_scorer(folder)
+    assert (worse, better) == (8, 0)
+    assert f"{mean:+.1f}% mean" in text and "worse beyond the CI at 8 of the 40" in text
