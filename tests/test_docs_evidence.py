@@ -1088,3 +1088,40 @@ def test_third_replication_set_matches_its_runs(topas_md: str) -> None:
     worse, better, mean = search_against_scorer(folder)
     assert (worse, better) == (8, 0)
     assert f"{mean:+.1f}% mean" in text and "worse beyond the CI at 8 of the 40" in text
+
+
+ROLLOUT50 = "replication/rollout_seeds50_12"
+
+
+def rollout50_rows() -> list[str]:
+    """The table lines of the ten-seed rollout check at load 1.2: per workload, each
+    TOPAS spec's change against the best registered baseline (mean / p99, bold where worse
+    beyond the CI)."""
+    cfg, rows = study_runs(ROLLOUT50)
+    lines = []
+    for workload in cfg["workloads"]:
+        point = [r for r in rows if r["workload"] == workload]
+        cells = [workload]
+        cells += [
+            against_registered(point, cfg, s) for s in ("topas", "topas-greedy", "topas-rollout")
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_rollout_seeds50_table_matches_its_runs(topas_md: str) -> None:
+    """The ten-seed rollout table, every cell recomputed, and its runs of the baselines,
+    `topas` and `topas-greedy` equal, run by run, to the ten-seed replication's at 1.2."""
+    text = section(topas_md, "- **`topas-rollout` on the ten seeds at load 1.2**", until="\n- **")
+    start = text.index("| workload | `topas` | `topas-greedy` | `topas-rollout` |")
+    lines = [ln.strip() for ln in text[start:].splitlines()[2:7]]
+    assert lines == rollout50_rows()
+    mine = {
+        (r["workload"], r["seed"], r["policy"]): r["mean_jct"] for r in study_runs(ROLLOUT50)[1]
+    }
+    shared = [
+        (r["mean_jct"], mine[key])
+        for r in study_runs("replication/compare_seeds50")[1]
+        if r["load"] == 1.2 and (key := (r["workload"], r["seed"], r["policy"])) in mine
+    ]
+    assert len(shared) == 5 * 10 * 10 and all(a == b for a, b in shared)
