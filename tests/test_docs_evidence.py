@@ -862,6 +862,25 @@ def test_drain_ablation_table_matches_its_runs(topas_md: str) -> None:
     assert checked == 5 * 3 * 10 * 9  # every baseline's and topas's run of the study
 
 
+def shared_runs(mine: str, other: str, **match: object) -> int:
+    """How many runs of committed study ``mine`` are also in study ``other`` (same
+    workload, load, seed and policy; ``other``'s rows narrowed to ``match``), each
+    asserted to have the same mean JCT in both."""
+
+    def key(r: dict) -> tuple:
+        return r["workload"], r["load"], r["seed"], r["policy"]
+
+    runs = {key(r): r["mean_jct"] for r in study_runs(mine)[1]}
+    shared = [
+        r
+        for r in study_runs(other)[1]
+        if key(r) in runs and all(r[k] == v for k, v in match.items())
+    ]
+    for r in shared:
+        assert r["mean_jct"] == runs[key(r)], (mine, other, key(r))
+    return len(shared)
+
+
 NARROW_NODRAIN = (
     "topas-rollout:narrow_stages=256,narrow_bases=3,"
     "bases=topas+topas-greedy+topas:drain=0+lpm+parrot-fcfs"
@@ -913,14 +932,8 @@ def test_narrow_nodrain_table_matches_its_runs(topas_md: str) -> None:
     rows = narrow_nodrain_rows()
     assert [ln.strip() for ln in text[start:].splitlines()[2 : 2 + len(rows)]] == rows
     for _, workload, folder, earlier in NARROW_NODRAIN_POINTS:
-        mine = {(r["seed"], r["policy"]): r["mean_jct"] for r in study_runs(folder)[1]}
-        shared = [
-            r
-            for r in study_runs(earlier)[1]
-            if r["workload"] == workload and (r["seed"], r["policy"]) in mine
-        ]
-        assert len(shared) == 5 * 10  # 8 baselines, topas, topas-greedy
-        assert all(mine[r["seed"], r["policy"]] == r["mean_jct"] for r in shared)
+        # 5 seeds x (8 baselines, topas, topas-greedy)
+        assert shared_runs(folder, earlier, workload=workload) == 5 * 10
 
 
 BY_SIZE = (("jct_by_size_12", "20-24"), ("jct_by_size_paper12", "20-29"))
@@ -954,20 +967,8 @@ def test_by_size_table_matches_its_runs(topas_md: str) -> None:
     start = text.index("| seeds, workload | smallest quarter |")
     lines = [ln.strip() for ln in text[start:].splitlines()[2:9]]
     assert lines == by_size_rows()
-    for mine, other in (
-        ("jct_by_size_12", "frontier12_20"),
-        ("jct_by_size_paper12", "sop_frontier"),
-    ):
-        runs = {
-            (r["workload"], r["load"], r["seed"], r["policy"]): r["mean_jct"]
-            for r in study_runs(mine)[1]
-        }
-        shared = [
-            (r["mean_jct"], runs[key])
-            for r in study_runs(other)[1]
-            if (key := (r["workload"], r["load"], r["seed"], r["policy"])) in runs
-        ]
-        assert len(shared) >= 40 and all(a == b for a, b in shared), (mine, other)
+    assert shared_runs("jct_by_size_12", "frontier12_20") >= 40
+    assert shared_runs("jct_by_size_paper12", "sop_frontier") >= 40
 
 
 def readme_findings() -> str:
@@ -976,20 +977,24 @@ def readme_findings() -> str:
     return " ".join(section(readme, "## What the studies find", until="\n## ").split())
 
 
-def summary_row(folder: str, start: str) -> list[str]:
-    """The cells of the first table row of a committed summary that starts with ``start``."""
-    text = (DOCS / "results" / folder / "summary.md").read_text()
-    line = next(ln for ln in text.splitlines() if ln.startswith(start))
-    return [c.strip() for c in line.strip("|").split("|")]
+def summary(folder: str) -> str:
+    return (DOCS / "results" / folder / "summary.md").read_text()
+
+
+def worse_of(row: list[str]) -> int:
+    """Cells worse beyond the CI in a "TOPAS spec" row (``specs``): mean's plus p99's."""
+    return int(row[2].split("/")[0]) + int(row[4].split("/")[0])
 
 
 def test_readme_findings_match_their_summaries() -> None:
     """Every figure of the README's summary of the studies, read again from the committed
     summaries (and the task-size ratios from their runs) it stands for."""
     text = readme_findings()
+    paper = summary("paper")
+    ours = side_by_side(paper)
     cuts = []
     for w in ("chain-3", "dag-4", "dag-10-wide", "metagpt-tl-paper"):
-        row = summary_row("paper", f"| {w} |")
+        row = ours[w]
         mean, p99 = (row[i].split(" ± ")[0].lstrip("+") for i in (2, 5))
         cuts.append(f"{mean} / {p99}%")
         assert f"{row[1]} / {row[4]}" in text, w  # the paper's own
@@ -997,36 +1002,33 @@ def test_readme_findings_match_their_summaries() -> None:
         f"are {cuts[0]} on Chain-3, {cuts[1]} on DAG-4, {cuts[2]} on DAG-10-Wide and "
         f"{cuts[3]} on MetaGPT-TL-paper" in text
     )
-    sop = summary_row("paper", "| metagpt-sop-paper |")
+    sop = ours["metagpt-sop-paper"]
     assert f"its mean is {-float(sop[3]):.0f}% and its p99 {-float(sop[6]):.0f}% above" in text
-    paper_text = (DOCS / "results" / "paper" / "summary.md").read_text()
-    tally = re.search(r"point: (\d+) wins, (\d+) ties \(CI includes 0\), (\d+) losses", paper_text)
-    assert tally and "{} wins, {} ties, {} losses".format(*tally.groups()) in text
-    mean, worse_mean, p99, worse_p99 = summary_row("compare", "| `topas` |")[1:5]
-    assert f"{mean}% mean / {p99}% p99 averaged (seeds 20-24)" in text
-    worse = int(worse_mean.split("/")[0]) + int(worse_p99.split("/")[0])
-    assert f"at {worse} of 40 points" in text
-    fresh = []
-    for folder, seeds in (("compare_seeds40", "40-44"), ("compare_seeds50", "50-59")):
-        row = summary_row(f"replication/{folder}", "| `topas` |")
-        fresh.append(
-            f"{int(row[2].split('/')[0]) + int(row[4].split('/')[0])} of 40 on seeds {seeds}"
-        )
+    assert "{} wins, {} ties, {} losses".format(*_tally(paper)) in text
+    topas = specs(summary("compare"))["topas"]
+    assert f"{topas[1]}% mean / {topas[3]}% p99 averaged (seeds 20-24)" in text
+    assert f"at {worse_of(topas)} of 40 points" in text
+    fresh = [
+        f"{worse_of(specs(summary(f'replication/{folder}'))['topas'])} of 40 on seeds {seeds}"
+        for folder, seeds in (("compare_seeds40", "40-44"), ("compare_seeds50", "50-59"))
+    ]
     assert f"({fresh[0]}, {fresh[1]})" in text
-    greedy = summary_row("replication/compare_seeds50", "| `topas-greedy` |")
-    assert (greedy[2], greedy[4]) == (
-        "0/20",
-        "0/20",
-    ) and "worse than the best baseline at none" in text
+    assert worse_of(specs(summary("replication/compare_seeds50"))["topas-greedy"]) == 0
+    assert "worse than the best baseline at none" in text
     cells = [ln.strip("| ").split(" | ") for ln in by_size_rows()[:5]]  # today's five
     smallest = [float(c[2]) for c in cells]
     largest = [1 / float(c[4]) for c in cells]
     assert f"finishes {min(smallest):.1f}-{max(smallest):.1f}x sooner" in text
     assert f"quarter {min(largest):.1f}-{max(largest):.1f}x later" in text
-    gap, rollout = (summary_row("gap", f"| `{spec}` |") for spec in ("topas", "topas-rollout"))
-    assert f"{gap[2]}% mean gap, {gap[4]}% max" in text
+    gap = {r[0].strip("`"): r for r in table(summary("gap"), "| policy | n | mean gap %")}
+    assert f"{gap['topas'][2]}% mean gap, {gap['topas'][4]}% max" in text
+    rollout = gap["topas-rollout"]
     assert f"simulating what follows, {rollout[2]}% and {rollout[4]}%" in text
-    bench = summary_row("bench_decision", "| `topas` | 64 | 1000 |")
+    bench = {
+        r[0].strip("`"): r
+        for r in table(summary("bench_decision"), "| policy | agents |")
+        if r[1:3] == ["64", "1000"]
+    }["topas"]
     assert f"{float(bench[3]):.2f} ms p50 and {float(bench[4]):.2f} ms p99" in text
 
 
@@ -1075,16 +1077,13 @@ def test_third_replication_set_matches_its_runs(topas_md: str) -> None:
     text = " ".join(
         section(topas_md, "- **A third set, ten seeds", until="\n- **`topas-rollout`").split()
     )
-    for spec, words in (
-        ("topas", "worse beyond the CI at 6 of 40"),
-        ("topas-greedy", "worse at none"),
-    ):
-        avg = averaged_changes(folder, spec)
-        assert f"{avg['mean']:+.1f}% / {avg['p99']:+.1f}%" in text or (
-            f"{avg['mean']:+.1f}% mean / {avg['p99']:+.1f}% p99" in text
-        ), spec
-        assert words in text
-        assert avg["worse"] == (6 if spec == "topas" else 0)
+    topas, greedy = (averaged_changes(folder, s) for s in ("topas", "topas-greedy"))
+    assert (topas["worse"], greedy["worse"]) == (6, 0)
+    assert (
+        f"`topas`: {topas['mean']:+.1f}% mean / {topas['p99']:+.1f}% p99 against the best "
+        "baseline averaged over the 20 points, worse beyond the CI at 6 of 40" in text
+    )
+    assert f"`topas-greedy`: {greedy['mean']:+.1f}% / {greedy['p99']:+.1f}%, worse at none" in text
     worse, better, mean = search_against_scorer(folder)
     assert (worse, better) == (8, 0)
     assert f"{mean:+.1f}% mean" in text and "worse beyond the CI at 8 of the 40" in text
@@ -1116,12 +1115,4 @@ def test_rollout_seeds50_table_matches_its_runs(topas_md: str) -> None:
     start = text.index("| workload | `topas` | `topas-greedy` | `topas-rollout` |")
     lines = [ln.strip() for ln in text[start:].splitlines()[2:7]]
     assert lines == rollout50_rows()
-    mine = {
-        (r["workload"], r["seed"], r["policy"]): r["mean_jct"] for r in study_runs(ROLLOUT50)[1]
-    }
-    shared = [
-        (r["mean_jct"], mine[key])
-        for r in study_runs("replication/compare_seeds50")[1]
-        if r["load"] == 1.2 and (key := (r["workload"], r["seed"], r["policy"])) in mine
-    ]
-    assert len(shared) == 5 * 10 * 10 and all(a == b for a, b in shared)
+    assert shared_runs(ROLLOUT50, "replication/compare_seeds50", load=1.2) == 5 * 10 * 10
