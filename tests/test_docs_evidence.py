@@ -1116,3 +1116,39 @@ def test_rollout_seeds50_table_matches_its_runs(topas_md: str) -> None:
     lines = [ln.strip() for ln in text[start:].splitlines()[2:7]]
     assert lines == rollout50_rows()
     assert shared_runs(ROLLOUT50, "replication/compare_seeds50", load=1.2) == 5 * 10 * 10
+
+
+SHADOW_SPECS = ("topas", "topas:drain=0", "topas-greedy")
+
+
+def shadow_rows() -> list[str]:
+    """The table lines of "Where the search and the single-pass scorer part", recomputed
+    from the shadow study's runs.csv (each figure a mean over the seeds)."""
+    sd = load_analysis("shadow_decisions")
+    cfg, rows = study_runs("tuning_shadow_12")
+    assert cfg["shadow"] == "topas-greedy" and cfg["loads"] == [1.2] and cfg["tuning"]
+    lines = []
+    for w in cfg["workloads"]:
+
+        def m(spec: str, key: str, w=w) -> float:
+            return sd.ex.mean_of(sd.ex.select(rows, workload=w, load=1.2, policy=spec), key)
+
+        cells = [w, " / ".join(sd.ex.fmt_s(m(p, "mean_jct")) for p in SHADOW_SPECS)]
+        for p in SHADOW_SPECS[:2]:
+            cells.append(f"{100 * m(p, 'agree') / m(p, 'decisions'):.0f}%")
+            cells.append(f"{m(p, 'shadow_held'):.0f} / {m(p, 'shadow_ranked'):.0f}")
+            cells.append(f"{m(p, 'policy_only_left_s'):.1f} / {m(p, 'shadow_only_left_s'):.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_shadow_table_matches_its_runs(topas_md: str) -> None:
+    """Every cell of the shadow-decisions table recomputed; `topas-greedy` shadowed by
+    itself agrees at every decision in every run."""
+    text = section(topas_md, "**Where the search and the single-pass scorer part**", "\n- **")
+    start = text.index("| workload | mean JCT (s): `topas` / `topas:drain=0`")
+    lines = [ln.strip() for ln in text[start:].splitlines()[2:7]]
+    assert lines == shadow_rows()
+    _, rows = study_runs("tuning_shadow_12")
+    self_runs = [r for r in rows if r["policy"] == "topas-greedy"]
+    assert len(self_runs) == 50 and all(r["agree"] == r["decisions"] for r in self_runs)
