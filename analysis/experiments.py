@@ -36,6 +36,7 @@ import numpy as np
 from topas.errors import InputError
 from topas.instance import Instance
 from topas.policies import BASELINES, make_policy, split_specs
+from topas.policies.base import Policy
 from topas.schedule import Metrics, Schedule, evaluate
 from topas.simulator import simulate
 from topas.studies import StudyParams, md_table, run_jobs, study_files, write_outputs
@@ -118,12 +119,19 @@ def simulate_point(
     num_tasks: int,
     prediction_error: float = 0.0,
     kv_scale: float = 1.0,
+    policy: Policy | None = None,
     **gen_kwargs: Any,
 ) -> tuple[Instance, Schedule]:
-    """One point's instance and its schedule under ``spec`` (calibrated timing)."""
+    """One point's instance and its schedule under ``spec`` (calibrated timing);
+    ``policy``, when given, runs in place of ``make_policy(spec)`` (a study's wrapper of
+    it, such as ``analysis/shadow_decisions.py``'s)."""
     inst = make_instance(workload, load, seed, num_tasks, kv_scale, **gen_kwargs)
     schedule = simulate(
-        inst, make_policy(spec), timing=TIMING, seed=seed, prediction_error=prediction_error
+        inst,
+        policy or make_policy(spec),
+        timing=TIMING,
+        seed=seed,
+        prediction_error=prediction_error,
     )
     return inst, schedule
 
@@ -419,6 +427,16 @@ def config_json(study: str, params: Mapping[str, Any], command: str) -> str:
 def with_split(params: Mapping[str, Any]) -> dict[str, Any]:
     """A simulation study's parameters with its seed split and timing, for config.json."""
     return {**params, "seed_split": SEED_SPLIT, "timing": TIMING}
+
+
+def point_sections(cfg: Mapping[str, Any], table: Callable[[str, float], str]) -> list[str]:
+    """A summary's sections, one per (workload, load) of ``cfg``: a heading and
+    ``table(workload, load)``."""
+    lines: list[str] = []
+    for w in cfg["workloads"]:
+        for load in cfg["loads"]:
+            lines += [f"## {w}, load {load:g}", "", table(w, load)]
+    return lines
 
 
 def runtime_line(rows: Sequence[Mapping[str, Any]], wall_s: float, n_jobs: int) -> str:

@@ -170,9 +170,7 @@ def summarize(
         "the mean JCT and 'p99' the p99 JCT, each averaged over the seeds.",
         "",
     ]
-    for w in cfg["workloads"]:
-        for load in cfg["loads"]:
-            lines += [f"## {w}, load {load:g}", "", point_table(rows, cfg, w, load)]
+    lines += ex.point_sections(cfg, lambda w, load: point_table(rows, cfg, w, load))
     return "\n".join(lines)
 
 

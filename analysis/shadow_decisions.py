@@ -58,14 +58,14 @@ COUNTS = ("common", "policy_only", "shadow_held", "shadow_absent", "shadow_ranke
 
 
 class Shadowed(Policy):
-    """``policy`` decides; ``shadow`` is asked on the same state, and :attr:`tally`
-    counts where their admissions part (module docstring). Everything the engine asks
-    besides ``decide`` is the policy's."""
+    """The policy of spec ``policy`` decides; the one of spec ``shadow`` is asked on the
+    same state, and :attr:`tally` counts where their admissions part (module docstring).
+    Everything the engine asks besides ``decide`` is the policy's."""
 
-    def __init__(self, policy: Policy, shadow: Policy) -> None:
-        self.policy, self.shadow = policy, shadow
-        self.name = policy.name
-        self.event_driven = policy.event_driven
+    def __init__(self, policy: str, shadow: str) -> None:
+        self.policy, self.shadow = make_policy(policy), make_policy(shadow)
+        self.name = self.policy.name
+        self.event_driven = self.policy.event_driven
 
     def reset(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -163,7 +163,7 @@ def shadowed_run(
 ) -> tuple[Schedule, dict[str, float]]:
     """Simulate ``spec`` on ``inst`` with ``shadow`` asked alongside: the schedule (the
     policy's own) and the tally of :class:`Shadowed`."""
-    both = Shadowed(make_policy(spec), make_policy(shadow))
+    both = Shadowed(spec, shadow)
     schedule = simulate(inst, both, timing=timing, seed=seed)
     return schedule, both.tally
 
@@ -172,10 +172,9 @@ def run_shadowed(job: Mapping[str, Any]) -> dict[str, Any]:
     """One run's row: the point, its mean and p99 JCT and the tally of
     :class:`Shadowed` (counts per run; ages and work left as means per stage)."""
     start = time.perf_counter()
-    point = ("workload", "load", "seed", "num_tasks", "kv_scale")
-    extra = {k: v for k, v in job.items() if k not in (*point, "spec", "shadow")}
-    inst = ex.make_instance(*(job[k] for k in point), **extra)  # its profile, if any
-    schedule, t = shadowed_run(inst, job["spec"], job["shadow"], seed=job["seed"])
+    both = Shadowed(job["spec"], job["shadow"])
+    _, schedule = ex.simulate_point(**{k: v for k, v in job.items() if k != "shadow"}, policy=both)
+    t = both.tally
     metrics = evaluate(schedule)
     only = {"policy": t["policy_only"], "shadow": sum(t[k] for k in COUNTS[2:])}
     row: dict[str, Any] = {
@@ -252,9 +251,7 @@ def summarize(
         "work left: means over the stages each side admitted alone.",
         "",
     ]
-    for w in cfg["workloads"]:
-        for load in cfg["loads"]:
-            lines += [f"## {w}, load {load:g}", "", point_table(rows, cfg, w, load)]
+    lines += ex.point_sections(cfg, lambda w, load: point_table(rows, cfg, w, load))
     return "\n".join(lines)
 
 
