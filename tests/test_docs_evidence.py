@@ -1152,3 +1152,82 @@ def test_shadow_table_matches_its_runs(topas_md: str) -> None:
     _, rows = study_runs("tuning_shadow_12")
     self_runs = [r for r in rows if r["policy"] == "topas-greedy"]
     assert len(self_runs) == 50 and all(r["agree"] == r["decisions"] for r in self_runs)
+
+
+FILL = "topas:fill=greedy"
+
+
+def fill_rows(folder: str) -> list[str]:
+    """The lines of a `fill=greedy` table: per workload and load, its paired change
+    against `topas` (mean / p99, bold where worse beyond the CI), by compare_policies'
+    comparison with `topas` as the only baseline."""
+    cp = load_analysis("compare_policies")
+    cfg, rows = study_runs(folder)
+    lines = []
+    for workload in cfg["workloads"]:
+        cells = [workload]
+        for load in cfg["loads"]:
+            point = [r for r in rows if r["workload"] == workload and r["load"] == load]
+            pair = []
+            for m in METRICS2:
+                c = cp.compare_point(point, {**cfg, "baselines": ["topas"], "proposed": FILL}, m)
+                cell = cp.ex.fmt_change(c["change"], c["half"])
+                pair.append(
+                    f"**{cell}**" if cp.ex.worse_beyond_ci(c["change"], c["half"]) else cell
+                )
+            cells.append(" / ".join(pair))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_fill_tables_match_their_runs(topas_md: str) -> None:
+    """The `fill=greedy` bullet: both tables recomputed, the averages against the best
+    registered baseline quoted for the three specs, and the runs of `topas`, `topas-greedy`
+    and the baselines equal, run by run, to earlier studies' (so the switch leaves the
+    default as it was)."""
+    text = section(topas_md, "- **Filling `R'` with the single pass", until="\n- **")
+    dedented = "\n".join(line.removeprefix("  ") for line in text.splitlines())
+    for folder, header in (
+        ("tuning_fill_paper", "| paper's five | 1.0 |"),
+        ("tuning_fill_today", "| today's five | 0.5 |"),
+    ):
+        start = dedented.index(header)
+        lines = dedented[start:].splitlines()[2:7]
+        assert [ln.strip() for ln in lines] == fill_rows(folder), folder
+    flat = " ".join(text.split())
+    for folder in ("tuning_fill_paper", "tuning_fill_today"):
+        for spec in ("topas", FILL, "topas-greedy"):
+            a = averaged_changes(folder, spec)
+            quoted = f"`{spec}` {a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse)"
+            assert quoted in flat, (folder, quoted)
+    assert shared_runs("tuning_fill_today", "tuning_shadow_12") == 3 * 5 * 10  # with spf
+    assert shared_runs("tuning_fill_paper", "tuning_drain_paper") == 9 * 5 * 3 * 5
+
+
+def test_fill_gap_and_speed_figures_match_their_summaries(topas_md: str) -> None:
+    """The mean / max gaps the `fill=greedy` bullet quotes, per tuning study and spec, and
+    its decision times."""
+    text = " ".join(section(topas_md, "- **Filling `R'` with the single pass", "\n- **").split())
+    bench = (DOCS / "results" / "bench_decision_fill" / "summary.md").read_text()
+    times = {(r[0].strip("`"), r[2]): r for r in table(bench, "| policy | agents | waiting |")}
+    fill, base = (
+        (times[FILL, "1000"], times[FILL, "10000"]),
+        (times["topas", "1000"], times["topas", "10000"]),
+    )
+    assert f"p50 {float(fill[0][3]):.2f} ms (p99 {float(fill[0][4]):.2f}) at 1,000" in text
+    assert f"and {float(fill[1][3]):.2f} ms at 10,000" in text
+    p50, p99, far = float(base[0][3]), float(base[0][4]), float(base[1][3])
+    assert f"`topas`'s {p50:.2f} ({p99:.2f}) and {far:.2f} ms" in text
+    quoted = {}
+    for spec, label in (
+        ("topas", "`topas`"),
+        (FILL, "`fill=greedy`"),
+        ("topas-greedy", "`topas-greedy`"),
+    ):
+        figures = []
+        for seed in (0, 1000, 1001, 1002):
+            summary = (DOCS / "results" / f"gap_tuning_fill_{seed}" / "summary.md").read_text()
+            row = {r[0].strip("`"): r for r in table(summary, "| policy | n | mean gap % |")}[spec]
+            figures.append(f"{row[2]} / {row[4]}")
+        quoted[spec] = f"{label} " + ", ".join(figures)
+        assert quoted[spec] in text, quoted[spec]

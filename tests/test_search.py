@@ -305,18 +305,26 @@ def test_completes_the_paper_workloads_and_repeats():
     assert a.jct == b.jct and len(a.jct) == 12
 
 
-def test_runs_repeat_across_processes(tmp_path):
+@pytest.mark.parametrize("spec", ["topas", "topas:fill=greedy"])
+def test_runs_repeat_across_processes(tmp_path, spec):
     # no decision may depend on the iteration order of a set of names (PYTHONHASHSEED)
     from topas.workloads import generate
 
     inst = generate("dag-4", num_tasks=40, seed=1001, load=1.2)
-    docs = jcts_across_processes(tmp_path, inst, "topas")
+    docs = jcts_across_processes(tmp_path, inst, spec)
     assert docs[0] == docs[1]
 
 
-def test_bad_parameters_are_refused():
-    with pytest.raises(ValueError, match="search: unknown mode 'best'"):
-        ready("topas:search=best", make({"A": 10}, [task("t", 0, stage("s", "A", 1, 1))], 30))
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("topas:search=best", "search: unknown mode 'best'"),
+        ("topas:fill=x", "fill: unknown filler 'x'"),
+    ],
+)
+def test_bad_parameters_are_refused(spec, message):
+    with pytest.raises(ValueError, match=message):
+        ready(spec, make({"A": 10}, [task("t", 0, stage("s", "A", 1, 1))], 30))
 
 
 def test_lp_error_script_hand_checked():
@@ -629,6 +637,62 @@ def test_without_drains_a_prefix_in_use_is_always_kept(inst):
         policy = KeepsInUse(drain=False)
         sched = simulate(inst, policy, timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
+
+
+def test_fill_greedy_keeps_the_searchs_prefix_set():
+    # two_agents over the fast link: the search drops B (draining it gains 4 D for c(B)),
+    # and topas-greedy's pass, filling R' = {A}, admits A's six stages, as the pack does:
+    # they all fit. B's stage is held, its unused prompt evicted.
+    inst, state = two_agents(FAST_LINK)
+    policy = ready("topas:fill=greedy", inst)
+    d = policy.decide(state)
+    assert d.evict == ("B",) and d.held == (("b0", "s"),) and policy._kept == ("A",)
+    assert sorted(d.admit) == [(f"a{i}", "s") for i in range(6)]
+
+
+def test_fill_greedy_admits_the_critical_sibling_the_pack_reads_later():
+    # One task, two parallel stages of resident agent A: a (500 in, 10 out: 510 tokens of
+    # KV) and z (500 in, 1,000 out: 1,500), with 1,600 tokens free, so one of them fits.
+    # The pack reads a task's waiting stages in stage-id order: it admits a, and z no
+    # longer fits. topas-greedy's pass ranks z first: z is on the task's longest path
+    # (crit 1), a has a slack of z's service less its own (crit < 1). Starting z is what
+    # cuts the task's completion, and fill=greedy admits it.
+    t = task("t", 0, stage("a", "A", 500, 10), stage("z", "A", 500, 1000))
+    inst = make({"A": 4000}, [t], capacity=5_600, load=FAST_LINK)
+    got = {}
+    for spec in ("topas", "topas:fill=greedy"):
+        state = released(inst)
+        make_resident(state, "A")
+        assert state.free_kv == 1600
+        got[spec] = ready(spec, inst).decide(state).admit
+    assert got == {"topas": (("t", "a"),), "topas:fill=greedy": (("t", "z"),)}
+
+
+class InsideKept(TOPAS):
+    """TOPAS that checks each decision against its kept set ``R'``: it admits only stages
+    of agents in ``R'``, holds every waiting stage of the others, and never both admits
+    and holds a stage."""
+
+    def decide(self, state):  # type: ignore[no-untyped-def]
+        d = super().decide(state)
+        kept = set(self._kept)
+        assert {state.agent_of(ref) for ref in d.admit} <= kept
+        assert not set(d.admit) & set(d.held) and len(set(d.held)) == len(d.held)
+        outside = {ref for ref in state.waiting if state.agent_of(ref) not in kept}
+        assert outside <= set(d.held)
+        return d
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
+def test_either_fill_admits_inside_the_kept_set_only(inst):
+    # and every run is feasible (debug=True re-checks the engine's invariants after each
+    # event) and finishes every stage, in both timing modes
+    for timing, fill in itertools.product(("step", "calibrated"), ("search", "greedy")):
+        sched = simulate(inst, InsideKept(fill=fill), timing=timing, debug=True)
+        assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
+        if timing == "step":
+            verify_step(sched)
 
 
 def test_does_not_retract_when_the_redo_costs_more():

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,7 @@ import numpy as np
 from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions
 from topas.policies.scoreboard import Scoreboard
-from topas.state import Decision, Phase, PrefixStatus, State
+from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
 
 @dataclass
@@ -416,16 +417,37 @@ class TOPASGreedy(Policy):
             # setting's tuning seeds (host swap): prefetching anyway costs up to 3.6% mean
             # and 10.7% p99 (DAG-4, TL). In the step model prefetching is kept
             self._prefetch(state, plan, retain)
-        self._last_admit = list(plan.admit)
-        self._active.update(ref[0] for ref in plan.admit)
+        self.admitted(plan.admit)
         return dataclasses.replace(plan.decision(), held=held)
 
-    def _admit_greedily(self, state, board, weights, retain, plan) -> tuple[int, tuple]:  # type: ignore[no-untyped-def]
+    def admit_within(self, state: State, plan: Planner, agents: frozenset[str]) -> tuple:
+        """The single pass as a filler (``topas:fill=greedy``): on top of ``plan``, admit
+        the waiting stages of ``agents`` only, best first, as :meth:`decide` would, without
+        prefetching. Returns the stages it held back. The caller reports what its decision
+        admitted through :meth:`admitted`."""
+        board, weights, retain = self._scores(state)
+        self._mean_age = None
+        _, held = self._admit_greedily(state, board, weights, retain, plan, agents)
+        return held
+
+    def admitted(self, refs: Sequence[StageRef]) -> None:
+        """The stages the decision taken on the last state admitted (what the next sync
+        drops from the waiting queue)."""
+        self._last_admit = list(refs)
+        self._active.update(ref[0] for ref in refs)
+
+    def _admit_greedily(  # type: ignore[no-untyped-def]
+        self, state, board, weights, retain, plan, agents=None
+    ) -> tuple[int, tuple]:
         """Admit waiting stages best first while they fit (evicting unused prefixes when
         that gains more than their retention is worth, holding back otherwise, and keeping
         memory for a starving stage). Returns how many did not fit as they were, and the
-        stages kept out on purpose (held back, or behind a reservation)."""
+        stages kept out on purpose (held back, or behind a reservation). With ``agents``,
+        only those agents' stages are candidates."""
         order = board.order(self._admission_values(board, weights))
+        if agents is not None:  # a filler: the plan may admit some already
+            taken = set(plan.admit)
+            order = (r for r in order if state.agent_of(r) in agents and r not in taken)
         evict_rank = sorted(
             state.evictable(), key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens
         )

@@ -79,6 +79,10 @@ decision asks to be consulted (``wake_at``) when the load is due.
 
 Every term is a weight; 0 switches it off. ``search=all`` keeps every active agent that
 fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a search.
+``fill=greedy`` keeps the search's choice of ``R'`` but admits within it by the single
+pass of :mod:`topas.policies.greedy` (its order, holding back and evictions, restricted to
+the agents of ``R'``; no reservation of its own, no prefetch) instead of the winning pack;
+the packs still score the candidate sets.
 The waiting queue is kept across decisions by :class:`~topas.policies.search_view.QueueView`, so
 a decision re-analyses only the tasks that changed.
 
@@ -107,10 +111,12 @@ import numpy as np
 from topas.errors import InputError
 from topas.instance import StageRef, longest_tails
 from topas.policies.base import Policy, PolicyContext, Predictions
+from topas.policies.greedy import TOPASGreedy
 from topas.policies.search_view import QueueView, Ranking
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
+FILLS = ("search", "greedy")  # who admits within the chosen R' (``fill``)
 AGE_FORMS = ("log", "linear", "excess")
 """``g_i(t)``: the paper's ``1 + rho log(1 + age / H_age)``, ``1 + rho age / H_age``, or
 ``1 + rho max(0, age - the mean age of the tasks in view) / H_age``."""
@@ -511,12 +517,14 @@ class TOPAS(Policy):
     jit: bool = False  # load a prompt for next hops only when its load is due; wake then
     drain: bool = True  # R' may leave out a prefix in use (it drains); else it stays in R'
     drain_running: bool = True  # a drain returns its running stages' KV too (else the prompt's)
+    fill: str = "search"  # who admits within the chosen R': its pack, or topas-greedy's pass
     name = "topas"
 
     def check(self) -> None:
         for name, what, valid in (
             ("search", "mode", SEARCH_MODES),
             ("age_form", "form", AGE_FORMS),
+            ("fill", "filler", FILLS),
         ):
             value = getattr(self, name)
             if value not in valid:
@@ -548,6 +556,12 @@ class TOPAS(Policy):
         # a prefetch delays no waiting task; it costs time only where a load is a prefill
         # that shares the GPU with the batch (the calibrated model with recompute)
         self._prefetch_charge = int(ctx.predict.loads_share_compute)
+        self._filler: TOPASGreedy | None = None
+        if self.fill == "greedy":  # its weights follow this spec's; the search serves starving
+            self._filler = TOPASGreedy(  # stages, so the filler reserves no memory
+                path=self.progress, reuse=self.reuse, move=self.move, aging=self.aging, reserve=0.0
+            )
+            self._filler.reset(ctx)
 
     # ------------------------------------------------------------------ estimates
 
@@ -1122,10 +1136,15 @@ class TOPAS(Policy):
         self.reserving = starving is not None and starving not in best.admitted
         if self.reserving:
             self._scored = None
-            return self._reserve_for(state, rnd, starving)
+            decision = self._reserve_for(state, rnd, starving)
+            if self._filler is not None:
+                self._filler.admitted(decision.admit)
+            return decision
         decision = self._commit(state, rnd, best, state.plan())
         if self.jit:
             decision = self._with_wake(state, rnd, best, decision)
+        if self._filler is not None:
+            self._filler.admitted(decision.admit)
         return decision
 
     def alternatives(self, state: State, k: int) -> list[Decision]:
@@ -1174,6 +1193,29 @@ class TOPAS(Policy):
         for a in plan.evictable(sorted(rnd.status)):
             if a not in keep:
                 plan.do_evict(a)
+        filled: tuple[StageRef, ...] = ()
+        if self._filler is None:
+            self._admit_pack(state, rnd, best, plan, credit)
+        else:
+            before = len(plan.admit)
+            filled = self._filler.admit_within(state, plan, frozenset(keep))
+            for ref in plan.admit[before:]:  # the search's credit where it read the stage
+                credit[ref] = rnd.value.get(ref, 0.0)
+        for a in sorted(best.agents):  # kept for the reuse it promises (unless just evicted)
+            if plan.status(a) is PrefixStatus.ABSENT and a not in plan.evict:
+                plan.do_load(a)
+        if record:
+            self._kept = tuple(sorted(keep))
+        view = self._view
+        assert view is not None
+        held = filled + tuple(view.held(a for a in view.agents if a not in keep))
+        return dataclasses.replace(plan.decision(), held=held)
+
+    @staticmethod
+    def _admit_pack(
+        state: State, rnd: _Round, best: _Pack, plan: Planner, credit: dict[StageRef, float]
+    ) -> None:
+        """Admit the pack of ``best`` on top of ``plan`` (``fill=search``)."""
         for ref in best.admitted:  # packed by predicted lengths: the engine has the last word
             if plan.try_admit(ref, ()):
                 credit[ref] = best.credit[ref]
@@ -1183,15 +1225,6 @@ class TOPAS(Policy):
             ref = best.admitted[0]
             if plan.try_admit(ref, plan.evictable(sorted(rnd.status))):
                 credit[ref] = best.credit[ref]
-        for a in sorted(best.agents):  # kept for the reuse it promises (unless just evicted)
-            if plan.status(a) is PrefixStatus.ABSENT and a not in plan.evict:
-                plan.do_load(a)
-        if record:
-            self._kept = tuple(sorted(keep))
-        view = self._view
-        assert view is not None
-        held = tuple(view.held(a for a in view.agents if a not in keep))
-        return dataclasses.replace(plan.decision(), held=held)
 
     def _starving(self, state: State) -> StageRef | None:
         """The oldest task's first waiting stage, if the task has waited ``reserve`` times
