@@ -695,6 +695,33 @@ def test_either_fill_admits_inside_the_kept_set_only(inst):
             verify_step(sched)
 
 
+class SometimesFilled(TOPAS):
+    """``fill=greedy`` with the filler asked at one decision in 50 (the pack admits at the
+    others) but told what every decision admitted: it then hears of tasks that arrive,
+    run and finish between two of its syncs, and must keep its queue right all the same
+    (before the fix its sync dropped such a task from a board that never held it)."""
+
+    def decide(self, state):  # type: ignore[no-untyped-def]
+        self.calls = getattr(self, "calls", 0) + 1
+        filler = self._filler
+        assert filler is not None
+        self._filler = None if self.calls % 50 else filler
+        d = super().decide(state)
+        self._filler = filler
+        filler.admitted(d.admit)
+        return d
+
+
+@pytest.mark.parametrize("workload", ["chain", "mixed"])
+def test_a_filler_asked_rarely_keeps_its_queue(workload):
+    from topas.workloads import generate
+
+    inst = generate(workload, num_tasks=60, seed=1000, load=1.2)
+    for timing in ("step", "calibrated"):
+        sched = simulate(inst, SometimesFilled(fill="greedy"), timing=timing, debug=True)
+        assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
+
+
 def test_does_not_retract_when_the_redo_costs_more():
     # J_redo = 10 tokens x 1 s x 1,000 = 10,000 s > 5 D = 5,965 s: b0 keeps running (B is
     # drained or kept, but nothing is stopped); the same without the retract switch.

@@ -204,7 +204,8 @@ class TOPASGreedy(Policy):
                 if e <= self._synced_epoch:
                     break
                 changed.append(tid)
-            gone = sorted(tid for tid in self._active if tid not in tasks)
+            # (a filler may be told of admissions of tasks it has not synced yet)
+            gone = sorted(t for t in self._active if t not in tasks and t in board.tasks.of)
             new = [tid for tid in changed if tid not in board.tasks.of]
         else:
             gone = sorted(board.tasks.of.keys() - tasks.keys())
