@@ -47,9 +47,7 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--workloads", default=",".join(ex.STUDY_WORKLOADS), help="comma-separated")
     ex.add_profile_option(ap)
     ap.add_argument("--load", default="1.2", help="load factor (default: high load)")
-    ap.add_argument(
-        "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
-    )
+    ap.add_argument("--seeds", default="5", help=ex.SEEDS_HELP)
     ex.add_tuning_option(ap)
     ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--sigmas", default="0,0.25,0.5,1.0", help="prediction-error sigmas")

@@ -61,6 +61,7 @@ checked on (10-12) before the split (docs/topas.md): no study reports on them.""
 
 REPORT_SEED_START = 20
 """``--seeds N`` means the N reporting seeds from here: 20, 21, ... (never tuned on)."""
+SEEDS_HELP = "N (the first N reporting seeds, 20 onwards) or a comma list (one seed: 'S,')"
 ABLATION_TERMS = ("progress", "move", "reuse", "redo", "revoke", "aging", "reserve", "visit")
 """The weights of ``topas``'s score (topas/policies/search.py) that the ablation switches off."""
 ABLATION_MODES = ("search=all", "drain=0", "drain_discount=0", "retract=1")
@@ -534,8 +535,9 @@ def parse_positive_int(text: str, option: str) -> int:
 
 
 def parse_seeds(text: str, option: str = "--seeds") -> list[int]:
-    """``N`` (no comma): the first N reporting seeds, :data:`REPORT_SEED_START` onwards.
-    ``a,b,...``: those seeds (``3,`` is seed 3 alone). Tuning seeds are refused by
+    """``N`` (no comma): the first N reporting seeds, :data:`REPORT_SEED_START` onwards
+    (refused if they would reach the tuning seeds: ``--seeds 1000`` is a thousand seeds,
+    not seed 1000). ``a,b,...``: those seeds (``3,`` is seed 3 alone). Tuning seeds are refused by
     :func:`check_report_seeds`, which every study applies."""
     if "," not in text:
         try:
@@ -544,6 +546,12 @@ def parse_seeds(text: str, option: str = "--seeds") -> list[int]:
             raise CliError(f"{option}: expected a count or a comma list, got {text!r}") from None
         if n <= 0:
             raise CliError(f"{option}: empty seed list ({text!r})")
+        if REPORT_SEED_START + n > TUNING_SEED_MIN:  # a count that reaches the tuning seeds
+            raise CliError(  # is almost surely a seed meant alone
+                f"{option}: {n} is a count (the first {n} reporting seeds, "
+                f"{REPORT_SEED_START} onwards), which would reach the tuning seeds "
+                f"(>= {TUNING_SEED_MIN}); for seed {n} alone write '{n},'"
+            )
         return list(range(REPORT_SEED_START, REPORT_SEED_START + n))
     seeds: list[int] = []
     for item in _items(text):
@@ -610,9 +618,7 @@ def add_grid_options(
     ap.add_argument("--workloads", default=workloads, help="comma-separated")
     add_profile_option(ap)
     ap.add_argument("--loads", default=loads, help="load factors, comma-separated")
-    ap.add_argument(
-        "--seeds", default="5", help="N (the first N reporting seeds, 20 onwards) or a comma list"
-    )
+    ap.add_argument("--seeds", default="5", help=SEEDS_HELP)
     ap.add_argument("--tasks", default="200", help="tasks per instance")
     ap.add_argument("--policies", default=policies, help="policy specs")
     add_tuning_option(ap)

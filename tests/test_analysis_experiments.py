@@ -302,6 +302,9 @@ BAD_INPUT = [
     ("compare_policies", ["--seeds", "1000,1001"], "tuning seeds"),
     ("compare_policies", ["--seeds", "2,20"], "tuning seeds"),
     ("ablation", ["--seeds", "1500,"], "tuning seeds"),
+    # a count that would reach the tuning seeds is refused, with --tuning too: it is a seed
+    ("compare_policies", ["--tuning", "--seeds", "1000"], "for seed 1000 alone write '1000,'"),
+    ("compare_policies", ["--seeds", "981"], "is a count"),
     ("compare_policies", ["--policies", "fcfs,bogus"], "bogus"),
     ("compare_policies", ["--policies", "fcfs,topas", "--proposed", "topas:soon=1"], "--proposed"),
     ("compare_policies", ["--policies", "fcfs,topas", "--proposed", "fcfs"], "baseline"),
