@@ -1231,3 +1231,35 @@ def test_fill_gap_and_speed_figures_match_their_summaries(topas_md: str) -> None
             figures.append(f"{row[2]} / {row[4]}")
         quoted[spec] = f"{label} " + ", ".join(figures)
         assert quoted[spec] in text, quoted[spec]
+
+
+def test_fill_on_more_tuning_seeds_matches_its_runs(topas_md: str) -> None:
+    """The counts and ranges quoted for `fill=greedy` on tuning seeds 1010-1019."""
+    cp = load_analysis("compare_policies")
+    text = " ".join(section(topas_md, "- **Filling `R'` with the single pass", "\n- **").split())
+
+    def cells(folder: str) -> list[tuple[str, str, float, float]]:
+        cfg, rows = study_runs(folder)
+        out = []
+        for w in cfg["workloads"]:
+            for load in cfg["loads"]:
+                point = [r for r in rows if r["workload"] == w and r["load"] == load]
+                for m in METRICS2:
+                    c = cp.compare_point(
+                        point, {**cfg, "baselines": ["topas"], "proposed": FILL}, m
+                    )
+                    out.append((w, m, c["change"], c["half"]))
+        return out
+
+    today = cells("tuning_fill_today_1010")
+    better = sum(m == "mean_jct" and ch + h < 0 for _, m, ch, h in today)
+    worse = sum(cp.ex.worse_beyond_ci(ch, h) for _, _, ch, h in today)
+    worse_at = "none" if worse == 0 else str(worse)
+    assert f"better beyond the CI at {better} of the 10 mean cells and worse at {worse_at};" in text
+    paper = cells("tuning_fill_paper_1010")
+    assert not any(cp.ex.worse_beyond_ci(ch, h) for _, _, ch, h in paper)
+    assert f"{sum(ch > 0 for *_, ch, _ in paper)} of its 20 cells are on the worse side" in text
+    four = [c for c in paper if c[0] != "metagpt-sop-paper"]
+    for m, label in (("mean_jct", "mean"), ("p99_jct", "p99")):
+        got = [ch for _, mm, ch, _ in four if mm == m]
+        assert f"{label} {min(got):+.1f} to {max(got):+.1f}%" in text, (m, got)
