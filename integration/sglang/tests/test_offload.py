@@ -35,7 +35,7 @@ def _agent_ranks(c) -> dict:  # type: ignore[no-untyped-def]
     return {agent_of[node]: rank for node, rank in c.ranks.items()}
 
 
-@pytest.mark.parametrize("spec", ["topas-greedy", "topas"])
+@pytest.mark.parametrize("spec", ["topas-greedy", "topas", "topas:fill=greedy"])
 def test_the_planner_plans_what_the_scheduler_would_round_after_round(bench, spec):
     # Two controllers see the same requests and the same tree, round after round, while
     # requests finish (with SGLang's signal), start, arrive and decode: the synchronous one
