@@ -1157,27 +1157,41 @@ def test_shadow_table_matches_its_runs(topas_md: str) -> None:
 FILL = "topas:fill=greedy"
 
 
-def fill_rows(folder: str) -> list[str]:
-    """The lines of a `fill=greedy` table: per workload and load, its paired change
-    against `topas` (mean / p99, bold where worse beyond the CI), by compare_policies'
-    comparison with `topas` as the only baseline."""
+def fill_changes(folder: str) -> list[tuple[str, float, str, float, float]]:
+    """`fill=greedy`'s paired change against `topas` at every (workload, load, metric) of a
+    committed study, by compare_policies' comparison with `topas` as the only baseline:
+    (workload, load, metric, change %, CI half-width), in the study's order."""
     cp = load_analysis("compare_policies")
     cfg, rows = study_runs(folder)
-    lines = []
+    out = []
     for workload in cfg["workloads"]:
-        cells = [workload]
         for load in cfg["loads"]:
             point = [r for r in rows if r["workload"] == workload and r["load"] == load]
-            pair = []
             for m in METRICS2:
                 c = cp.compare_point(point, {**cfg, "baselines": ["topas"], "proposed": FILL}, m)
-                cell = cp.ex.fmt_change(c["change"], c["half"])
-                pair.append(
-                    f"**{cell}**" if cp.ex.worse_beyond_ci(c["change"], c["half"]) else cell
-                )
-            cells.append(" / ".join(pair))
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+                out.append((workload, load, m, c["change"], c["half"]))
+    return out
+
+
+def fill_rows(folder: str) -> list[str]:
+    """The lines of a `fill=greedy` table: per workload and load, :func:`fill_changes`'
+    mean / p99 cells, bold where worse beyond the CI."""
+    ex = load_analysis("compare_policies").ex
+    cells: dict[str, list[str]] = {}
+    for workload, _, _, change, half in fill_changes(folder):
+        cell = ex.fmt_change(change, half)
+        cells.setdefault(workload, []).append(
+            f"**{cell}**" if ex.worse_beyond_ci(change, half) else cell
+        )
+    return [
+        "| " + " | ".join([w, *(" / ".join(c[i : i + 2]) for i in range(0, len(c), 2))]) + " |"
+        for w, c in cells.items()
+    ]
+
+
+def fill_bullet(topas_md: str) -> str:
+    """The `fill=greedy` bullet of docs/topas.md."""
+    return section(topas_md, "- **Filling `R'` with the single pass", until="\n- **")
 
 
 def test_fill_tables_match_their_runs(topas_md: str) -> None:
@@ -1185,7 +1199,7 @@ def test_fill_tables_match_their_runs(topas_md: str) -> None:
     registered baseline quoted for the three specs, and the runs of `topas`, `topas-greedy`
     and the baselines equal, run by run, to earlier studies' (so the switch leaves the
     default as it was)."""
-    text = section(topas_md, "- **Filling `R'` with the single pass", until="\n- **")
+    text = fill_bullet(topas_md)
     dedented = "\n".join(line.removeprefix("  ") for line in text.splitlines())
     for folder, header in (
         ("tuning_fill_paper", "| paper's five | 1.0 |"),
@@ -1207,7 +1221,7 @@ def test_fill_tables_match_their_runs(topas_md: str) -> None:
 def test_fill_gap_and_speed_figures_match_their_summaries(topas_md: str) -> None:
     """The mean / max gaps the `fill=greedy` bullet quotes, per tuning study and spec, and
     its decision times."""
-    text = " ".join(section(topas_md, "- **Filling `R'` with the single pass", "\n- **").split())
+    text = " ".join(fill_bullet(topas_md).split())
     bench = (DOCS / "results" / "bench_decision_fill" / "summary.md").read_text()
     times = {(r[0].strip("`"), r[2]): r for r in table(bench, "| policy | agents | waiting |")}
     fill, base = (
@@ -1235,31 +1249,17 @@ def test_fill_gap_and_speed_figures_match_their_summaries(topas_md: str) -> None
 
 def test_fill_on_more_tuning_seeds_matches_its_runs(topas_md: str) -> None:
     """The counts and ranges quoted for `fill=greedy` on tuning seeds 1010-1019."""
-    cp = load_analysis("compare_policies")
-    text = " ".join(section(topas_md, "- **Filling `R'` with the single pass", "\n- **").split())
-
-    def cells(folder: str) -> list[tuple[str, str, float, float]]:
-        cfg, rows = study_runs(folder)
-        out = []
-        for w in cfg["workloads"]:
-            for load in cfg["loads"]:
-                point = [r for r in rows if r["workload"] == w and r["load"] == load]
-                for m in METRICS2:
-                    c = cp.compare_point(
-                        point, {**cfg, "baselines": ["topas"], "proposed": FILL}, m
-                    )
-                    out.append((w, m, c["change"], c["half"]))
-        return out
-
-    today = cells("tuning_fill_today_1010")
-    better = sum(m == "mean_jct" and ch + h < 0 for _, m, ch, h in today)
-    worse = sum(cp.ex.worse_beyond_ci(ch, h) for _, _, ch, h in today)
+    worse_beyond_ci = load_analysis("compare_policies").ex.worse_beyond_ci
+    text = " ".join(fill_bullet(topas_md).split())
+    today = fill_changes("tuning_fill_today_1010")
+    better = sum(m == "mean_jct" and ch + h < 0 for _, _, m, ch, h in today)
+    worse = sum(worse_beyond_ci(ch, h) for *_, ch, h in today)
     worse_at = "none" if worse == 0 else str(worse)
     assert f"better beyond the CI at {better} of the 10 mean cells and worse at {worse_at};" in text
-    paper = cells("tuning_fill_paper_1010")
-    assert not any(cp.ex.worse_beyond_ci(ch, h) for _, _, ch, h in paper)
+    paper = fill_changes("tuning_fill_paper_1010")
+    assert not any(worse_beyond_ci(ch, h) for *_, ch, h in paper)
     assert f"{sum(ch > 0 for *_, ch, _ in paper)} of its 20 cells are on the worse side" in text
     four = [c for c in paper if c[0] != "metagpt-sop-paper"]
     for m, label in (("mean_jct", "mean"), ("p99_jct", "p99")):
-        got = [ch for _, mm, ch, _ in four if mm == m]
+        got = [ch for _, _, mm, ch, _ in four if mm == m]
         assert f"{label} {min(got):+.1f} to {max(got):+.1f}%" in text, (m, got)

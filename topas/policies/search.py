@@ -1137,13 +1137,11 @@ class TOPAS(Policy):
         if self.reserving:
             self._scored = None
             decision = self._reserve_for(state, rnd, starving)
-            if self._filler is not None:
-                self._filler.admitted(decision.admit)
-            return decision
-        decision = self._commit(state, rnd, best, state.plan())
-        if self.jit:
-            decision = self._with_wake(state, rnd, best, decision)
-        if self._filler is not None:
+        else:
+            decision = self._commit(state, rnd, best, state.plan())
+            if self.jit:
+                decision = self._with_wake(state, rnd, best, decision)
+        if self._filler is not None:  # what its next sync drops from the queue
             self._filler.admitted(decision.admit)
         return decision
 
