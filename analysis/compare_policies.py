@@ -10,14 +10,17 @@ seeds of TOPAS / best - 1 with a 95% CI (Student t, n-1 df).
     python analysis/compare_policies.py [--workloads chain,fanout,mixed,metagpt-sop,metagpt-tl]
         [--loads 0.5,0.8,1.0,1.2] [--seeds 5 | --seeds 20,23,27] [--tasks 200]
         [--policies fcfs,lpm,cpf,atlas,kvflow,topas] [--proposed topas] [--tuning]
-        [--jobs N] [--kv-scale 1.0] [--out results/compare] [--no-progress]
-        [--resume]
+        [--jobs N] [--kv-scale 1.0] [--prediction-error 0] [--out results/compare]
+        [--no-progress] [--resume]
 
 ``--seeds N`` means the first N reporting seeds (20, 21, ...); ``--kv-scale`` multiplies
-each instance's default KV budget. Policies other than ``topas`` and its variants
-(``topas:...``, ``topas-greedy``, ``topas-base``) count as
-baselines. ``--proposed`` names the spec compared with the best baseline (default
-``topas``; a variant to measure it the same way). Tuning seeds are refused unless
+each instance's default KV budget; ``--prediction-error SIGMA`` multiplies the output
+length every policy is told (each stage's prediction, else the truth) by log-normal(0,
+SIGMA) noise, drawn from the seed so that every policy is told the same (the simulator
+runs the true lengths; default 0: no noise). Policies other than ``topas`` and its
+variants (``topas:...``, ``topas-greedy``, ``topas-base``) count as baselines.
+``--proposed`` names the spec compared with the best baseline (default ``topas``; a
+variant to measure it the same way). Tuning seeds are refused unless
 ``--tuning`` says the run is for choosing defaults (its summary says so, and no reported
 figure may come from it). Writes OUT/{config.json, runs.csv, summary.md, jct_vs_load.png}
 (each file atomically, after every run has finished) and prints summary.md. Finished runs
@@ -54,6 +57,11 @@ def build_parser() -> ex.Parser:
     )
     ap.add_argument("--proposed", default=PROPOSED, help="the spec compared with the best baseline")
     ap.add_argument("--kv-scale", default="1.0", help="multiplies the default KV budget")
+    ap.add_argument(
+        "--prediction-error",
+        default="0",
+        help="log-normal sigma of the noise on the output lengths policies are told (default 0)",
+    )
     return ap
 
 
@@ -61,6 +69,9 @@ def config_from_args(args: Any) -> dict[str, Any]:
     """Validated parameters (raises :class:`experiments.CliError`)."""
     cfg = ex.grid_config(args)
     cfg["kv_scale"] = ex.parse_positive_float(args.kv_scale, "--kv-scale")
+    cfg["prediction_error"] = ex.parse_float(
+        args.prediction_error, "--prediction-error", 0.0, strict=False
+    )
     if args.proposed != PROPOSED and args.proposed not in cfg["policies"]:
         raise ex.CliError(f"--proposed: {args.proposed!r} is not in --policies")
     if args.proposed != PROPOSED and not ex.is_topas(args.proposed):
@@ -74,6 +85,9 @@ def config_from_args(args: Any) -> dict[str, Any]:
 
 
 def make_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every run of the study; also those of the studies that reuse its instances
+    (``jct_by_size.py``, ``shadow_decisions.py``), whose configs have no noise."""
+    noise = {"prediction_error": cfg["prediction_error"]} if cfg.get("prediction_error") else {}
     return [
         {
             "workload": w,
@@ -82,6 +96,7 @@ def make_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
             "spec": p,
             "num_tasks": cfg["tasks"],
             "kv_scale": cfg["kv_scale"],
+            **noise,
             **ex.profile_kwargs(cfg),
         }
         for w in cfg["workloads"]
@@ -199,7 +214,8 @@ def summarize(
         "",
         f"Calibrated timing; {cfg['tasks']} tasks per instance; seeds {ex.fmt_list(cfg['seeds'])}"
         " (the same instances for every policy); KV budget x"
-        f"{cfg['kv_scale']:g}. {ex.runtime_line(rows, wall_s, cfg['jobs'])}",
+        f"{cfg['kv_scale']:g}{ex.predictions_note(cfg.get('prediction_error', 0.0))}. "
+        f"{ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
     ]
     lines += ex.tuning_lines(cfg)

@@ -506,11 +506,24 @@ def parse_floats(text: str, option: str, minimum: float, strict: bool) -> list[f
     return list(dict.fromkeys(values))
 
 
-def parse_positive_float(text: str, option: str) -> float:
-    values = parse_floats(text, option, 0.0, strict=True)
+def parse_float(text: str, option: str, minimum: float = 0.0, strict: bool = True) -> float:
+    """One finite float, > ``minimum`` (``strict``) or >= it."""
+    values = parse_floats(text, option, minimum, strict)
     if len(values) != 1:
         raise CliError(f"{option}: expected one number, got {text!r}")
     return values[0]
+
+
+def parse_positive_float(text: str, option: str) -> float:
+    return parse_float(text, option)
+
+
+def predictions_note(sigma: float) -> str:
+    """What a study's summary says about the output lengths its policies are told: nothing
+    when they are the truth (the default), else the noise."""
+    if not sigma:
+        return ""
+    return f"; policies told the output lengths times log-normal(0, {sigma:g}) noise"
 
 
 def parse_int_list(text: str, option: str, least: int) -> tuple[int, ...]:

@@ -252,6 +252,32 @@ def test_compare_policies_on_tuning_seeds_for_a_variant(tmp_path: Path) -> None:
     assert config["seeds"] == [1000, 1001]
 
 
+def test_compare_policies_tells_every_policy_the_same_noisy_lengths(tmp_path: Path) -> None:
+    # --prediction-error reaches each run: the rows equal a direct simulation told the
+    # perturbed lengths, the summary says so, and spf (which orders tasks by their told
+    # work) runs differently from the noiseless study on the same instances
+    module = load_analysis("compare_policies")
+    args = ["--workloads", "chain-3", "--loads", "1.2", "--seeds", "20,21", "--tasks", "12"]
+    args += ["--policies", "lpm,spf,topas", "--jobs", "1", "--no-progress"]
+    noisy, exact = tmp_path / "noisy", tmp_path / "exact"
+    assert (
+        module.ex.run_cli(module.main, [*args, "--prediction-error", "0.5", "--out", str(noisy)])
+        == 0
+    )
+    assert module.ex.run_cli(module.main, [*args, "--out", str(exact)]) == 0
+    rows, rows0 = _csv_rows(noisy / "runs.csv"), _csv_rows(exact / "runs.csv")
+    assert {float(r["prediction_error"]) for r in rows} == {0.5}
+    assert {float(r["prediction_error"]) for r in rows0} == {0.0}
+    assert json.loads((noisy / "config.json").read_text())["prediction_error"] == 0.5
+    assert "log-normal(0, 0.5) noise" in (noisy / "summary.md").read_text()
+    assert "log-normal" not in (exact / "summary.md").read_text()
+    for row in rows:
+        direct = ex.run_point("chain-3", 1.2, int(row["seed"]), row["policy"], 12, 0.5)
+        assert float(row["mean_jct"]) == pytest.approx(direct["mean_jct"], rel=1e-8)
+    spf = [r["mean_jct"] for r in rows if r["policy"] == "spf"]
+    assert spf != [r["mean_jct"] for r in rows0 if r["policy"] == "spf"]
+
+
 @pytest.mark.parametrize("script", ["compare_policies", "ablation"])
 def test_tuning_admits_tuning_seeds_and_marks_the_run(tmp_path: Path, script: str) -> None:
     module = load_analysis(script)
@@ -311,6 +337,9 @@ BAD_INPUT = [
     ("compare_policies", ["--policies", "topas:nosuch=1"], "nosuch"),
     ("compare_policies", ["--loads", "0.8,-1"], "--loads"),
     ("compare_policies", ["--kv-scale", "0.01"], "--kv-scale"),
+    ("compare_policies", ["--prediction-error", "-0.5"], "--prediction-error"),
+    ("compare_policies", ["--prediction-error", "0.5,1"], "--prediction-error"),
+    ("compare_policies", ["--prediction-error", "nan"], "--prediction-error"),
     ("compare_policies", ["--bogus-flag"], "--bogus-flag"),
     ("ablation", ["--sweep-policies", "lpm,zzz"], "zzz"),
     ("ablation", ["--sigmas", "-1"], "--sigmas"),
