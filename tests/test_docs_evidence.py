@@ -1263,3 +1263,63 @@ def test_fill_on_more_tuning_seeds_matches_its_runs(topas_md: str) -> None:
     for m, label in (("mean_jct", "mean"), ("p99_jct", "p99")):
         got = [ch for _, _, mm, ch, _ in four if mm == m]
         assert f"{label} {min(got):+.1f} to {max(got):+.1f}%" in text, (m, got)
+
+
+NOISE_STUDIES = ("paper_nodrain", "paper_noise_0.5", "paper_noise_1")  # sigma 0, 0.5, 1
+
+
+def noise_rows(spec: str, studies: tuple[str, ...], load: float) -> list[str]:
+    """The noise table's lines: per workload, ``spec``'s change against the best registered
+    baseline at ``load`` in each study (:func:`against_registered`)."""
+    runs = [study_runs(folder) for folder in studies]
+    lines = []
+    for workload in runs[0][0]["workloads"]:
+        cells = [workload]
+        for cfg, rows in runs:
+            if workload not in cfg["workloads"]:
+                continue
+            point = [r for r in rows if r["workload"] == workload and r["load"] == load]
+            cells.append(against_registered(point, cfg, spec))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def test_noise_table_matches_its_runs(topas_md: str) -> None:
+    """The paper setting with noisy predictions: every cell recomputed from the runs, the
+    averages over the points quoted, and each study told the noise it says."""
+    text = section(topas_md, "#### With noisy predictions", until="\n#### ")
+    start = text.index("| workload | exact")
+    assert [ln.strip() for ln in text[start:].splitlines()[2:7]] == noise_rows(
+        "topas", NOISE_STUDIES, 1.5
+    )
+    flat = " ".join(text.split())
+    for folder in NOISE_STUDIES:
+        a = averaged_changes(folder, "topas")
+        assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse)" in flat, folder
+        cfg, rows = study_runs(folder)
+        sigma = {"paper_nodrain": 0.0, "paper_noise_0.5": 0.5, "paper_noise_1": 1.0}[folder]
+        assert cfg.get("prediction_error", 0.0) == sigma
+        assert {float(r["prediction_error"]) for r in rows} == {sigma}
+        assert cfg["seeds"] == list(range(20, 30)) and not cfg["tuning"]
+    for folder in NOISE_STUDIES[1:]:
+        a = averaged_changes(folder, "topas-greedy")
+        assert f"{a['mean']:+.1f} / {a['p99']:+.1f}%" in flat, folder
+    # the mean JCTs quoted at load 1.5, per (workload, policy), in the order of the studies
+    for workload, policy, studies in (
+        ("chain-3", "parrot-fcfs", NOISE_STUDIES[:2]),
+        ("dag-10-wide", "lpm", NOISE_STUDIES),
+        ("dag-10-wide", "topas", NOISE_STUDIES),
+        ("chain-3", "topas", NOISE_STUDIES),
+        ("metagpt-tl-paper", "topas", NOISE_STUDIES),
+    ):
+        values = []
+        for folder in studies:
+            rows = study_runs(folder)[1]
+            jcts = [
+                float(r["mean_jct"])
+                for r in rows
+                if (r["workload"], r["load"], r["policy"]) == (workload, 1.5, policy)
+            ]
+            assert len(jcts) == 10
+            values.append(f"{sum(jcts) / len(jcts):.1f}")
+        assert re.search(r"\D+".join(map(re.escape, values)), flat), (workload, policy, values)
