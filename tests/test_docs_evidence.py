@@ -1157,10 +1157,11 @@ def test_shadow_table_matches_its_runs(topas_md: str) -> None:
 FILL = "topas:fill=greedy"
 
 
-def fill_changes(folder: str) -> list[tuple[str, float, str, float, float]]:
-    """`fill=greedy`'s paired change against `topas` at every (workload, load, metric) of a
-    committed study, by compare_policies' comparison with `topas` as the only baseline:
-    (workload, load, metric, change %, CI half-width), in the study's order."""
+def fill_changes(folder: str, spec: str = FILL) -> list[tuple[str, float, str, float, float]]:
+    """``spec``'s (default `fill=greedy`'s) paired change against `topas` at every
+    (workload, load, metric) of a committed study, by compare_policies' comparison with
+    `topas` as the only baseline: (workload, load, metric, change %, CI half-width), in
+    the study's order."""
     cp = load_analysis("compare_policies")
     cfg, rows = study_runs(folder)
     out = []
@@ -1168,7 +1169,7 @@ def fill_changes(folder: str) -> list[tuple[str, float, str, float, float]]:
         for load in cfg["loads"]:
             point = [r for r in rows if r["workload"] == workload and r["load"] == load]
             for m in METRICS2:
-                c = cp.compare_point(point, {**cfg, "baselines": ["topas"], "proposed": FILL}, m)
+                c = cp.compare_point(point, {**cfg, "baselines": ["topas"], "proposed": spec}, m)
                 out.append((workload, load, m, c["change"], c["half"]))
     return out
 
@@ -1323,3 +1324,29 @@ def test_noise_table_matches_its_runs(topas_md: str) -> None:
             assert len(jcts) == 10
             values.append(f"{sum(jcts) / len(jcts):.1f}")
         assert re.search(r"\D+".join(map(re.escape, values)), flat), (workload, policy, values)
+
+
+def test_fill_on_the_other_profile_matches_its_runs(topas_md: str) -> None:
+    """`fill=greedy` with the two profiles swapped: the cells better beyond the CI counted
+    and quoted, none worse, and `topas-greedy`'s cells on MetaGPT-TL-paper on the 8B
+    profile."""
+    ex = load_analysis("compare_policies").ex
+    flat = " ".join(fill_bullet(topas_md).split())
+    for folder, profile, better in (
+        ("tuning_fill_today_on_32b", "qwen2.5-32b/a100-80gb", "better beyond the CI at 3 of 10"),
+        ("tuning_fill_paper_on_8b", "llama-3-8b/h100", "better at 2 of 20"),
+    ):
+        cfg, _ = study_runs(folder)
+        assert cfg["profile"] == profile and cfg["tuning"]
+        changes = fill_changes(folder)
+        gains = [c for c in changes if c[3] + c[4] < 0]
+        assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
+        assert f"{better} cells" in flat and len(changes) == int(better.split()[-1])
+        assert int(better.split()[-3]) == len(gains), folder
+        for _, _, _, change, half in gains:
+            assert ex.fmt_change(change, half) in flat, (folder, change)
+    greedy = fill_changes("tuning_fill_paper_on_8b", "topas-greedy")
+    for _, _, _, change, half in (c for c in greedy if c[0] == "metagpt-tl-paper"):
+        assert ex.fmt_change(change, half) in flat
+    wide = [c[3] for c in greedy if c[0] == "dag-10-wide" and c[2] == "mean_jct"]
+    assert f"{min(wide):.0f}-{max(wide):.0f}% behind on DAG-10-Wide's mean" in flat
