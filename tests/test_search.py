@@ -224,7 +224,7 @@ def test_invariants_in_both_timing_modes(inst):
     # debug=True re-checks every invariant after every event: KV within capacity, every
     # running stage's prefix resident, deps before starts, each stage once
     specs = ("topas", "topas:soon=1", "topas:jit=1", "topas:age_form=excess", "topas:drain=0")
-    specs += ("topas:drain_running=0",)
+    specs += ("topas:drain_running=0", "topas:stall=1")
     for timing, spec in itertools.product(("step", "calibrated"), specs):
         sched = simulate(inst, make_policy(spec), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
@@ -617,6 +617,78 @@ def test_drain_switches_keep_a_prefix_in_use_or_credit_only_its_prompt():
     assert scores["topas"] == pytest.approx(d_s + 5 * late)
     assert scores["topas:drain_running=0"] == pytest.approx(d_s + 4 * late)
     assert scores["topas:drain=0"] is None
+
+
+RECOMPUTE_COST = {
+    "kind": "linear",
+    "base_s": 1.0,
+    "prefill_token_s": 0.01,
+    "decode_seq_s": 0.1,
+    "kv_token_s": 0.001,
+}
+
+
+def b_waits_beside_a_batch(b_resident: bool, load: dict | None = None) -> tuple:
+    """A linear cost model (recompute unless ``load``), capacity 20,000, room for all:
+    A's prompt resident and its two stages a0/s and a1/s running; b0/s of B waits, B's
+    4,000-token prompt absent (or resident and idle). Each stage is 100 tokens in, 10 out."""
+    tasks = [task(f"a{i}", 0, stage("s", "A", 100, 10)) for i in range(2)]
+    tasks.append(task("b0", 0, stage("s", "B", 100, 10)))
+    inst = make({"A": 4000, "B": 4000}, tasks, capacity=20_000, cost=RECOMPUTE_COST, load=load)
+    state = released(inst)
+    make_resident(state, "A", *(["B"] if b_resident else []))
+    apply_inplace(state, Decision(admit=(("a0", "s"), ("a1", "s"))))
+    return inst, state
+
+
+def test_stall_charges_a_recompute_once_per_running_stage():
+    # Calibrated timing, recompute: c(B) = 4,000 x 0.01 = 40 s, and D = the mean predicted
+    # service = 1 s of prefill + 10 tokens x 4.2 s = 43 s. Loading B for b0 scores
+    # J_admit - J_move = 43 - 40 = +3 against R' = {A}: TOPAS loads it. But the load is a
+    # prefill, and a0 and a1 do not decode while it runs: with stall=1 it also costs
+    # 2 x 40 s, so 43 - 120 = -77, and b0 is held until the batch has drained.
+    inst, state = b_waits_beside_a_batch(b_resident=False)
+    plain, stalled = (ready(s, inst, timing="calibrated") for s in ("topas", "topas:stall=1"))
+    assert plain.decide(state).admit == (("b0", "s"),)
+    d = stalled.decide(state)
+    assert d.admit == () and d.held == (("b0", "s"),)
+    for policy, gain in ((plain, 3.0), (stalled, -77.0)):
+        rnd = policy._round(state)
+        assert rnd.cost["B"] == pytest.approx(40.0)
+        keep = policy._pack(state, rnd, ("A", "B")).score - policy._pack(state, rnd, ("A",)).score
+        assert keep == pytest.approx(gain)
+    # dropping a resident B with b0 waiting: l_out (40 s for b0's task), and with stall=1
+    # the reload it makes due holds up the batch too (another 2 x 40 s)
+    inst, state = b_waits_beside_a_batch(b_resident=True)
+    for spec, cost in (("topas", -40.0), ("topas:stall=1", -120.0)):
+        policy = ready(spec, inst, timing="calibrated")
+        rnd = policy._round(state)
+        assert policy._pack(state, rnd, ("A",)).score == pytest.approx(cost)
+
+
+def test_stall_changes_nothing_where_a_load_is_not_a_prefill():
+    # In the step model, and over a host link in calibrated timing, a load runs beside
+    # the batch: stall=1 scores every candidate as the default does
+    for timing, load in (("step", None), ("calibrated", FAST_LINK)):
+        for b_resident in (False, True):
+            inst, state = b_waits_beside_a_batch(b_resident, load)
+            plain, stalled = (ready(s, inst, timing=timing) for s in ("topas", "topas:stall=1"))
+            for keep in (("A", "B"), ("A",)):
+                r0, r1 = plain._round(state), stalled._round(state)
+                assert plain._pack(state, r0, keep).score == stalled._pack(state, r1, keep).score
+            assert plain.decide(state) == stalled.decide(state)
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5, host=True))
+def test_stall_runs_as_the_default_over_a_host_link(inst):
+    # the calibrated model with host swap, and the step model: the same schedule
+    for timing in ("step", "calibrated"):
+        runs = [
+            simulate(inst, make_policy(spec), timing=timing).runs
+            for spec in ("topas", "topas:stall=1")
+        ]
+        assert runs[0] == runs[1]
 
 
 class KeepsInUse(TOPAS):

@@ -38,7 +38,10 @@ and the batch stays smaller (docs/topas.md has the measurements).
 ``c(a)`` is the time to bring prefix ``a`` back: ``mu * l_a / B_swap`` with host swaps,
 its prefill with recompute (``PolicyContext.predict.load_s``); a prefetch (no task waits for
 it) costs nothing but where a load is a prefill that shares the GPU (the calibrated
-model with recompute). ``Delta(r)`` is the stage's share of the cut in its task's
+model with recompute). There such a prefill also holds up the batch, which does not
+decode while it runs: with ``stall=1`` (off by default) ``J_move`` charges each load, and
+each drain of a prompt that waiting or next-hop stages will need again, ``c(a)`` once per
+running stage besides. ``Delta(r)`` is the stage's share of the cut in its task's
 expected longest remaining path ``L_i`` when the task's waiting stages start now rather
 than a deferral ``D`` (the mean predicted stage service) later: one of several parallel
 siblings alone cuts nothing, all of them together do, so each gets an equal share.
@@ -518,6 +521,7 @@ class TOPAS(Policy):
     drain: bool = True  # R' may leave out a prefix in use (it drains); else it stays in R'
     drain_running: bool = True  # a drain returns its running stages' KV too (else the prompt's)
     fill: str = "search"  # who admits within the chosen R': its pack, or topas-greedy's pass
+    stall: bool = False  # recompute: a load also costs its time once per running stage
     name = "topas"
 
     def check(self) -> None:
@@ -556,6 +560,8 @@ class TOPAS(Policy):
         # a prefetch delays no waiting task; it costs time only where a load is a prefill
         # that shares the GPU with the batch (the calibrated model with recompute)
         self._prefetch_charge = int(ctx.predict.loads_share_compute)
+        # stall: where a load is such a prefill, the batch does not decode while it runs
+        self._stalls = self.stall and ctx.predict.loads_share_compute
         self._filler: TOPASGreedy | None = None
         if self.fill == "greedy":  # its weights follow this spec's; the search serves starving
             self._filler = TOPASGreedy(  # stages, so the filler reserves no memory
@@ -863,8 +869,10 @@ class TOPAS(Policy):
         tokens, cost, hops = rnd.tokens, rnd.cost, rnd.next_hop
         changed = sorted(keep ^ rnd.current)  # only what changes against R_t costs or frees
         loaded = []
+        stalled = len(rnd.left) if self._stalls else 0  # running stages a recompute holds up
         for a in changed:
             if a in keep:  # absent now: loaded (l_in is charged below, per waiting task)
+                j_move += cost[a] * stalled
                 free -= tokens[a]
                 v_reuse += hops.get(a, 0) * cost[a]
                 loaded.append(a)
@@ -888,6 +896,8 @@ class TOPAS(Policy):
                 drained += tokens[a] + (rnd.running_kv.get(a, 0) if self.drain_running else 0)
                 drain_s = max(drain_s, rnd.drain_s.get(a, 0.0))
             j_move += cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
+            if stalled and (rnd.waiting_tasks.get(a, 0) or hops.get(a, 0)):
+                j_move += cost[a] * stalled  # and the batch, when it is brought back
         if not rnd.loads_fit(free):
             return None
         later = self._later(drain_s) if drained else 0.0
