@@ -765,7 +765,11 @@ def averaged_changes(folder: str, spec: str) -> dict[str, float]:
     """``spec``'s change against the best registered baseline over every (workload, load)
     point of a committed study, by compare_policies' comparison: the mean of each metric's
     change, the worst p99 change, and the cells worse beyond the CI."""
-    cfg, rows = study_runs(folder)
+    return averaged_over(*study_runs(folder), spec)
+
+
+def averaged_over(cfg: dict, rows: list[dict], spec: str) -> dict[str, float]:
+    """:func:`averaged_changes` over a study's config and rows, given."""
     changes: dict[str, list[float]] = {m: [] for m in METRICS2}
     worse = 0
     for workload in cfg["workloads"]:
@@ -1350,3 +1354,48 @@ def test_fill_on_the_other_profile_matches_its_runs(topas_md: str) -> None:
         assert ex.fmt_change(change, half) in flat
     wide = [c[3] for c in greedy if c[0] == "dag-10-wide" and c[2] == "mean_jct"]
     assert f"{min(wide):.0f}-{max(wide):.0f}% behind on DAG-10-Wide's mean" in flat
+
+
+STALL = "topas:stall=1"
+
+
+def stall_bullet(topas_md: str) -> str:
+    return " ".join(section(topas_md, "**The stall switch**", until="\n\n").split())
+
+
+def test_stall_figures_match_their_runs(topas_md: str) -> None:
+    """The stall switch's paired cells against `topas` counted, its averages against the
+    best registered baseline (with the baselines of the study on the same seeds, whose
+    `topas` runs are the same) quoted for the three specs, on tuning and reporting seeds."""
+    ex = load_analysis("compare_policies").ex
+    text = stall_bullet(topas_md)
+    for folder, quoted in (
+        ("tuning_stall_today", "better beyond the CI at 8 of the 40 cells"),
+        ("tuning_stall_today_1010", "better at 2 of the 20 cells"),
+        ("replication/stall_seeds50", "better than `topas` at 7 of 40 cells"),
+    ):
+        changes = fill_changes(folder, STALL)
+        better = [c for c in changes if c[3] + c[4] < 0]
+        assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
+        assert quoted in text, folder
+        assert re.search(rf"\b{len(better)} of (the )?{len(changes)} cells", quoted), folder
+    tl = {
+        c[2]: c for c in fill_changes("tuning_stall_today", STALL) if c[:2] == ("metagpt-tl", 1.2)
+    }
+    greedy = {
+        c[2]: c
+        for c in fill_changes("tuning_fill_today", "topas-greedy")
+        if c[:2] == ("metagpt-tl", 1.2)
+    }
+    assert f"({ex.fmt_change(*tl['mean_jct'][3:])}%, against" in text
+    assert f"`topas-greedy`'s {ex.fmt_change(*greedy['mean_jct'][3:])}%)" in text
+    for folder, baselines in (
+        ("tuning_stall_today", "tuning_fill_today"),
+        ("replication/stall_seeds50", "replication/compare_seeds50"),
+    ):
+        assert shared_runs(baselines, folder, policy="topas") == 200
+        cfg, rows = study_runs(baselines)
+        rows += [r for r in study_runs(folder)[1] if r["policy"] == STALL]
+        for spec in (STALL, "topas", "topas-greedy"):
+            a = averaged_over(cfg, rows, spec)
+            assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
