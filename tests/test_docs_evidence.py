@@ -1399,3 +1399,39 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
         for spec in (STALL, "topas", "topas-greedy"):
             a = averaged_over(cfg, rows, spec)
             assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
+
+
+def default_budget_rows(folder: str, loads: tuple[float, ...]) -> tuple[dict, list[dict]]:
+    """A paper-setting study's config (narrowed to ``loads``) and its runs at those loads
+    on the default KV budget (``reproduce_paper.py`` adds regime-map runs at others)."""
+    from collections import Counter
+
+    cfg, rows = study_runs(folder)
+    kv = Counter(r["kv_capacity_tokens"] for r in rows).most_common(1)[0][0]
+    rows = [r for r in rows if r["load"] in loads and r["kv_capacity_tokens"] == kv]
+    return {**cfg, "loads": list(loads)}, rows
+
+
+def test_rollout_under_noise_matches_its_runs(topas_md: str) -> None:
+    """`topas-rollout` with noisy lengths: its paired cells against `topas` counted and
+    their range, its loss on DAG-4 at 1.0, and the averages of both specs quoted."""
+    ex = load_analysis("compare_policies").ex
+    text = " ".join(section(topas_md, "- **`topas-rollout` loses its lead", until="\n\n").split())
+    changes = fill_changes("paper_noise_rollout_0.5", "topas-rollout")
+    worse = [c[3] for c in changes if ex.worse_beyond_ci(c[3], c[4])]
+    assert not [c for c in changes if c[3] + c[4] < 0]
+    assert f"at {len(worse)} of the {len(changes)} cells, paired, by " in text
+    assert f"by {min(worse):.1f} to {max(worse):.1f}%" in text
+    loads = (1.0, 1.2, 1.5)
+    cfg, rows = default_budget_rows("paper_noise_rollout_0.5", loads)
+    assert cfg["prediction_error"] == 0.5 and cfg["seeds"] == list(range(20, 30))
+    point = [r for r in rows if r["workload"] == "dag-4" and r["load"] == 1.0]
+    mean, p99 = against_registered(point, cfg, "topas-rollout").replace("**", "").split(" / ")
+    assert f"({mean}% mean, {p99}% p99)" in text
+    for folder, spec in (
+        ("paper_noise_rollout_0.5", "topas-rollout"),
+        ("paper_rollout", "topas-rollout"),
+        ("paper_noise_rollout_0.5", "topas"),
+    ):
+        a = averaged_over(*default_budget_rows(folder, loads), spec)
+        assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse)" in text, (folder, spec)
