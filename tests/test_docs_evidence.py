@@ -1373,6 +1373,7 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
         ("tuning_stall_today", "better beyond the CI at 8 of the 40 cells"),
         ("tuning_stall_today_1010", "better at 2 of the 20 cells"),
         ("replication/stall_seeds50", "better than `topas` at 7 of 40 cells"),
+        ("replication/stall_seeds40", "better than `topas` at 4 of 40 cells"),
     ):
         changes = fill_changes(folder, STALL)
         better = [c for c in changes if c[3] + c[4] < 0]
@@ -1399,6 +1400,9 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
         for spec in (STALL, "topas", "topas-greedy"):
             a = averaged_over(cfg, rows, spec)
             assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
+    for spec in (STALL, "topas", "topas-greedy"):  # a study with its own baselines
+        a = averaged_changes("replication/stall_seeds40", spec)
+        assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
 
 
 def default_budget_rows(folder: str, loads: tuple[float, ...]) -> tuple[dict, list[dict]]:
