@@ -1403,6 +1403,13 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
     for spec in (STALL, "topas", "topas-greedy"):  # a study with its own baselines
         a = averaged_changes("replication/stall_seeds40", spec)
         assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
+    # ... whose other policies' means equal the replication study's (no runs.csv there)
+    for heading in ("## mean JCT per policy", "## p99 JCT per policy"):
+        mine, theirs = (
+            table(section(summary(f), heading, until="\n## "), "| workload | load |")
+            for f in ("replication/stall_seeds40", "replication/compare_seeds40")
+        )
+        assert [row[: len(theirs[0])] for row in mine] == theirs, heading
 
 
 def default_budget_rows(folder: str, loads: tuple[float, ...]) -> tuple[dict, list[dict]]:
