@@ -1316,6 +1316,7 @@ def test_noise_table_matches_its_runs(topas_md: str) -> None:
         ("dag-10-wide", "topas", NOISE_STUDIES),
         ("chain-3", "topas", NOISE_STUDIES),
         ("metagpt-tl-paper", "topas", NOISE_STUDIES),
+        ("metagpt-tl-paper", "lpm", NOISE_STUDIES),
     ):
         values = []
         for folder in studies:
