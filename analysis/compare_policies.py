@@ -214,7 +214,7 @@ def summarize(
         "",
         f"Calibrated timing; {cfg['tasks']} tasks per instance; seeds {ex.fmt_list(cfg['seeds'])}"
         " (the same instances for every policy); KV budget x"
-        f"{cfg['kv_scale']:g}{ex.predictions_note(cfg.get('prediction_error', 0.0))}. "
+        f"{cfg['kv_scale']:g}{ex.predictions_note(cfg['prediction_error'])}. "
         f"{ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
     ]

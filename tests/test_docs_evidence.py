@@ -1161,11 +1161,10 @@ def test_shadow_table_matches_its_runs(topas_md: str) -> None:
 FILL = "topas:fill=greedy"
 
 
-def fill_changes(folder: str, spec: str = FILL) -> list[tuple[str, float, str, float, float]]:
-    """``spec``'s (default `fill=greedy`'s) paired change against `topas` at every
-    (workload, load, metric) of a committed study, by compare_policies' comparison with
-    `topas` as the only baseline: (workload, load, metric, change %, CI half-width), in
-    the study's order."""
+def changes_vs_topas(folder: str, spec: str) -> list[tuple[str, float, str, float, float]]:
+    """``spec``'s paired change against `topas` at every (workload, load, metric) of a
+    committed study, by compare_policies' comparison with `topas` as the only baseline:
+    (workload, load, metric, change %, CI half-width), in the study's order."""
     cp = load_analysis("compare_policies")
     cfg, rows = study_runs(folder)
     out = []
@@ -1179,11 +1178,11 @@ def fill_changes(folder: str, spec: str = FILL) -> list[tuple[str, float, str, f
 
 
 def fill_rows(folder: str) -> list[str]:
-    """The lines of a `fill=greedy` table: per workload and load, :func:`fill_changes`'
+    """The lines of a `fill=greedy` table: per workload and load, :func:`changes_vs_topas`'
     mean / p99 cells, bold where worse beyond the CI."""
     ex = load_analysis("compare_policies").ex
     cells: dict[str, list[str]] = {}
-    for workload, _, _, change, half in fill_changes(folder):
+    for workload, _, _, change, half in changes_vs_topas(folder, FILL):
         cell = ex.fmt_change(change, half)
         cells.setdefault(workload, []).append(
             f"**{cell}**" if ex.worse_beyond_ci(change, half) else cell
@@ -1256,12 +1255,12 @@ def test_fill_on_more_tuning_seeds_matches_its_runs(topas_md: str) -> None:
     """The counts and ranges quoted for `fill=greedy` on tuning seeds 1010-1019."""
     worse_beyond_ci = load_analysis("compare_policies").ex.worse_beyond_ci
     text = " ".join(fill_bullet(topas_md).split())
-    today = fill_changes("tuning_fill_today_1010")
+    today = changes_vs_topas("tuning_fill_today_1010", FILL)
     better = sum(m == "mean_jct" and ch + h < 0 for _, _, m, ch, h in today)
     worse = sum(worse_beyond_ci(ch, h) for *_, ch, h in today)
     worse_at = "none" if worse == 0 else str(worse)
     assert f"better beyond the CI at {better} of the 10 mean cells and worse at {worse_at};" in text
-    paper = fill_changes("tuning_fill_paper_1010")
+    paper = changes_vs_topas("tuning_fill_paper_1010", FILL)
     assert not any(worse_beyond_ci(ch, h) for *_, ch, h in paper)
     assert f"{sum(ch > 0 for *_, ch, _ in paper)} of its 20 cells are on the worse side" in text
     four = [c for c in paper if c[0] != "metagpt-sop-paper"]
@@ -1343,14 +1342,14 @@ def test_fill_on_the_other_profile_matches_its_runs(topas_md: str) -> None:
     ):
         cfg, _ = study_runs(folder)
         assert cfg["profile"] == profile and cfg["tuning"]
-        changes = fill_changes(folder)
+        changes = changes_vs_topas(folder, FILL)
         gains = [c for c in changes if c[3] + c[4] < 0]
         assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
         assert f"{better} cells" in flat and len(changes) == int(better.split()[-1])
         assert int(better.split()[-3]) == len(gains), folder
         for _, _, _, change, half in gains:
             assert ex.fmt_change(change, half) in flat, (folder, change)
-    greedy = fill_changes("tuning_fill_paper_on_8b", "topas-greedy")
+    greedy = changes_vs_topas("tuning_fill_paper_on_8b", "topas-greedy")
     for _, _, _, change, half in (c for c in greedy if c[0] == "metagpt-tl-paper"):
         assert ex.fmt_change(change, half) in flat
     wide = [c[3] for c in greedy if c[0] == "dag-10-wide" and c[2] == "mean_jct"]
@@ -1377,17 +1376,19 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
         ("replication/stall_seeds40", "better than `topas` at 4 of 40 cells"),
         ("replication/stall_seeds20", "better than `topas` at 5 of 40 cells"),
     ):
-        changes = fill_changes(folder, STALL)
+        changes = changes_vs_topas(folder, STALL)
         better = [c for c in changes if c[3] + c[4] < 0]
         assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
         assert quoted in text, folder
         assert re.search(rf"\b{len(better)} of (the )?{len(changes)} cells", quoted), folder
     tl = {
-        c[2]: c for c in fill_changes("tuning_stall_today", STALL) if c[:2] == ("metagpt-tl", 1.2)
+        c[2]: c
+        for c in changes_vs_topas("tuning_stall_today", STALL)
+        if c[:2] == ("metagpt-tl", 1.2)
     }
     greedy = {
         c[2]: c
-        for c in fill_changes("tuning_fill_today", "topas-greedy")
+        for c in changes_vs_topas("tuning_fill_today", "topas-greedy")
         if c[:2] == ("metagpt-tl", 1.2)
     }
     assert f"({ex.fmt_change(*tl['mean_jct'][3:])}%, against" in text
@@ -1435,7 +1436,7 @@ def test_rollout_under_noise_matches_its_runs(topas_md: str) -> None:
     their range, its loss on DAG-4 at 1.0, and the averages of both specs quoted."""
     ex = load_analysis("compare_policies").ex
     text = " ".join(section(topas_md, "- **`topas-rollout` loses its lead", until="\n\n").split())
-    changes = fill_changes("paper_noise_rollout_0.5", "topas-rollout")
+    changes = changes_vs_topas("paper_noise_rollout_0.5", "topas-rollout")
     worse = [c[3] for c in changes if ex.worse_beyond_ci(c[3], c[4])]
     assert not [c for c in changes if c[3] + c[4] < 0]
     assert f"at {len(worse)} of the {len(changes)} cells, paired, by " in text
