@@ -10,15 +10,19 @@ seeds of TOPAS / best - 1 with a 95% CI (Student t, n-1 df).
     python analysis/compare_policies.py [--workloads chain,fanout,mixed,metagpt-sop,metagpt-tl]
         [--loads 0.5,0.8,1.0,1.2] [--seeds 5 | --seeds 20,23,27] [--tasks 200]
         [--policies fcfs,lpm,cpf,atlas,kvflow,topas] [--proposed topas] [--tuning]
-        [--jobs N] [--kv-scale 1.0] [--prediction-error 0] [--out results/compare]
-        [--no-progress] [--resume]
+        [--jobs N] [--kv-scale 1.0] [--prediction-error 0] [--movement recompute|swap]
+        [--out results/compare] [--no-progress] [--resume]
 
 ``--seeds N`` means the first N reporting seeds (20, 21, ...); ``--kv-scale`` multiplies
 each instance's default KV budget; ``--prediction-error SIGMA`` multiplies the output
 length every policy is told (each stage's prediction, else the truth) by log-normal(0,
 SIGMA) noise, drawn from the seed so that every policy is told the same (the simulator
-runs the true lengths; default 0: no noise). Policies other than ``topas`` and its
-variants (``topas:...``, ``topas-greedy``, ``topas-base``) count as baselines.
+runs the true lengths; default 0: no noise). ``--movement`` moves the prefixes by recompute
+or host swap instead of each workload's profile's own way, with the same tasks and
+arrivals (the load factor charges a recompute to a task's demand, so drawing at the same
+load with the other movement would change the arrival rate as well). Policies other
+than ``topas`` and its variants (``topas:...``, ``topas-greedy``, ``topas-base``) count as
+baselines.
 ``--proposed`` names the spec compared with the best baseline (default ``topas``; a
 variant to measure it the same way). Tuning seeds are refused unless
 ``--tuning`` says the run is for choosing defaults (its summary says so, and no reported
@@ -39,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import experiments as ex  # noqa: E402
 
+from topas.profiles import MOVEMENTS  # noqa: E402
 from topas.studies import md_table  # noqa: E402
 
 PROPOSED = "topas"
@@ -62,6 +67,12 @@ def build_parser() -> ex.Parser:
         default="0",
         help="log-normal sigma of the noise on the output lengths policies are told (default 0)",
     )
+    ap.add_argument(
+        "--movement",
+        choices=MOVEMENTS,
+        default=None,
+        help="how prefixes move (default: each profile's own); arrivals stay the profile's",
+    )
     return ap
 
 
@@ -72,6 +83,7 @@ def config_from_args(args: Any) -> dict[str, Any]:
     cfg["prediction_error"] = ex.parse_float(
         args.prediction_error, "--prediction-error", 0.0, strict=False
     )
+    cfg["movement"] = args.movement
     if args.proposed != PROPOSED and args.proposed not in cfg["policies"]:
         raise ex.CliError(f"--proposed: {args.proposed!r} is not in --policies")
     if args.proposed != PROPOSED and not ex.is_topas(args.proposed):
@@ -88,6 +100,7 @@ def make_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every run of the study; also those of the studies that reuse its instances
     (``jct_by_size.py``, ``shadow_decisions.py``), whose configs have no noise."""
     noise = {"prediction_error": cfg["prediction_error"]} if cfg.get("prediction_error") else {}
+    moved = {"movement": cfg["movement"]} if cfg.get("movement") else {}
     return [
         {
             "workload": w,
@@ -97,6 +110,7 @@ def make_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
             "num_tasks": cfg["tasks"],
             "kv_scale": cfg["kv_scale"],
             **noise,
+            **moved,
             **ex.profile_kwargs(cfg),
         }
         for w in cfg["workloads"]
@@ -214,7 +228,8 @@ def summarize(
         "",
         f"Calibrated timing; {cfg['tasks']} tasks per instance; seeds {ex.fmt_list(cfg['seeds'])}"
         " (the same instances for every policy); KV budget x"
-        f"{cfg['kv_scale']:g}{ex.predictions_note(cfg['prediction_error'])}. "
+        f"{cfg['kv_scale']:g}{ex.predictions_note(cfg['prediction_error'])}"
+        f"{ex.movement_note(cfg['movement'])}. "
         f"{ex.runtime_line(rows, wall_s, cfg['jobs'])}",
         "",
     ]

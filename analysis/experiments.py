@@ -43,7 +43,8 @@ from topas.studies import StudyParams, md_table, run_jobs, study_files, write_ou
 from topas.studies import config_json as study_config_json
 from topas.studies.checkpoint import Checkpoint, add_resume_option, replayable
 from topas.studies.gap import TUNING_SEED_MIN
-from topas.workloads import WORKLOADS, generate
+from topas.workloads import WORKLOADS, generate, mean_task_demand_s
+from topas.workloads.arrivals import rate_for_load
 
 STUDY_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.profile is None)
 """The families on the project's default profile: the default of compare and ablation.
@@ -102,14 +103,39 @@ def make_instance(
     workload: str, load: float, seed: int, num_tasks: int, kv_scale: float = 1.0, **gen_kwargs: Any
 ) -> Instance:
     """The instance of one point; ``kv_scale`` multiplies the family's default KV budget
-    (which depends on the drawn agents, hence on the seed)."""
+    (which depends on the drawn agents, hence on the seed). A ``movement`` among
+    ``gen_kwargs`` moves the prefixes that way with the arrivals of the profile's own
+    movement at ``load`` (:func:`with_movement`)."""
+    movement = gen_kwargs.pop("movement", None)
     inst = generate(workload, num_tasks=num_tasks, seed=seed, load=load, **gen_kwargs)
-    if kv_scale == 1.0:
+    if kv_scale != 1.0:
+        kv = max(1, round(inst.server.kv_capacity_tokens * kv_scale))
+        gen_kwargs["kv_capacity_tokens"] = kv
+        inst = generate(workload, num_tasks=num_tasks, seed=seed, load=load, **gen_kwargs)
+    if movement is None:
         return inst
-    kv = max(1, round(inst.server.kv_capacity_tokens * kv_scale))
-    return generate(
-        workload, num_tasks=num_tasks, seed=seed, load=load, kv_capacity_tokens=kv, **gen_kwargs
+    return with_movement(inst, workload, load, seed, movement, **gen_kwargs)
+
+
+def with_movement(
+    inst: Instance, workload: str, load: float, seed: int, movement: str, **gen_kwargs: Any
+) -> Instance:
+    """``inst`` (drawn at ``load``) with its prefixes moved by ``movement`` and nothing
+    else changed: the same tasks and arrivals. The load factor charges a recompute's
+    prefill to each task's demand and a host swap not, so drawing at ``load`` with the
+    other movement would change the arrival rate too; this keeps ``inst``'s."""
+    agents = {a.id: a for a in inst.agents}
+    rate = rate_for_load(load, mean_task_demand_s(list(inst.tasks), agents, inst.server))
+    moved = generate(
+        workload,
+        num_tasks=len(inst.tasks),
+        seed=seed,
+        rate=rate,
+        movement=movement,
+        **gen_kwargs,
     )
+    assert [t.arrival for t in moved.tasks] == [t.arrival for t in inst.tasks]
+    return moved
 
 
 def simulate_point(
@@ -524,6 +550,17 @@ def predictions_note(sigma: float) -> str:
     if not sigma:
         return ""
     return f"; policies told the output lengths times log-normal(0, {sigma:g}) noise"
+
+
+def movement_note(movement: str | None) -> str:
+    """What a study's summary says about how prefixes move: nothing for the profile's own
+    movement (the default), else the override."""
+    if movement is None:
+        return ""
+    return (
+        f"; prefixes moved by {movement}, with the arrivals of each workload's own "
+        "profile movement at each load"
+    )
 
 
 def parse_int_list(text: str, option: str, least: int) -> tuple[int, ...]:

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import load_analysis
 
+from topas.instance import HostLoad
 from topas.policies import BASELINES
+from topas.workloads import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / "analysis"
@@ -278,6 +280,49 @@ def test_compare_policies_tells_every_policy_the_same_noisy_lengths(tmp_path: Pa
     assert spf != [r["mean_jct"] for r in rows0 if r["policy"] == "spf"]
 
 
+def test_with_movement_changes_how_prefixes_move_and_nothing_else() -> None:
+    # chain-3 runs on the 32B profile, whose prefixes swap over the host link. Drawn at
+    # the same load with recompute, its arrivals would be slower (the load factor charges
+    # a recompute's prefill to each task's demand); with_movement keeps them
+    swap = ex.make_instance("chain-3", 1.2, 20, 12)
+    moved = ex.make_instance("chain-3", 1.2, 20, 12, movement="recompute")
+    drawn = generate("chain-3", num_tasks=12, seed=20, load=1.2, movement="recompute")
+    assert isinstance(swap.server.prefix_load, HostLoad)
+    assert not isinstance(moved.server.prefix_load, HostLoad)
+    assert [t.arrival for t in moved.tasks] == [t.arrival for t in swap.tasks]
+    assert moved.tasks[-1].arrival < drawn.tasks[-1].arrival
+    assert [t.stages for t in moved.tasks] == [t.stages for t in swap.tasks]
+    assert moved.server.kv_capacity_tokens == swap.server.kv_capacity_tokens
+    # with --kv-scale, the arrivals of the scaled budget (they depend on it)
+    half_swap = ex.make_instance("chain-3", 1.2, 20, 12, kv_scale=0.5)
+    half = ex.make_instance("chain-3", 1.2, 20, 12, kv_scale=0.5, movement="recompute")
+    assert half.server.kv_capacity_tokens == round(swap.server.kv_capacity_tokens * 0.5)
+    assert [t.arrival for t in half.tasks] == [t.arrival for t in half_swap.tasks]
+
+
+def test_compare_policies_moves_prefixes_as_told(tmp_path: Path) -> None:
+    # --movement reaches each run (its rows equal a direct simulation of the moved
+    # instance), the config and the summary say so, and without it nothing is said
+    module = load_analysis("compare_policies")
+    args = ["--workloads", "chain-3", "--loads", "1.2", "--seeds", "20,21", "--tasks", "10"]
+    args += ["--policies", "lpm,topas", "--jobs", "1", "--no-progress"]
+    moved, plain = tmp_path / "moved", tmp_path / "plain"
+    assert (
+        module.ex.run_cli(module.main, [*args, "--movement", "recompute", "--out", str(moved)]) == 0
+    )
+    assert module.ex.run_cli(module.main, [*args, "--out", str(plain)]) == 0
+    assert json.loads((moved / "config.json").read_text())["movement"] == "recompute"
+    assert json.loads((plain / "config.json").read_text())["movement"] is None
+    assert "prefixes moved by recompute" in (moved / "summary.md").read_text()
+    assert "prefixes moved" not in (plain / "summary.md").read_text()
+    rows, rows0 = _csv_rows(moved / "runs.csv"), _csv_rows(plain / "runs.csv")
+    for row in rows:
+        seed = int(row["seed"])
+        direct = ex.run_point("chain-3", 1.2, seed, row["policy"], 10, movement="recompute")
+        assert float(row["mean_jct"]) == pytest.approx(direct["mean_jct"], rel=1e-8)
+    assert [r["mean_jct"] for r in rows] != [r["mean_jct"] for r in rows0]
+
+
 @pytest.mark.parametrize("script", ["compare_policies", "ablation"])
 def test_tuning_admits_tuning_seeds_and_marks_the_run(tmp_path: Path, script: str) -> None:
     module = load_analysis(script)
@@ -340,6 +385,7 @@ BAD_INPUT = [
     ("compare_policies", ["--prediction-error", "-0.5"], "--prediction-error"),
     ("compare_policies", ["--prediction-error", "0.5,1"], "--prediction-error"),
     ("compare_policies", ["--prediction-error", "nan"], "--prediction-error"),
+    ("compare_policies", ["--movement", "teleport"], "--movement"),
     ("compare_policies", ["--bogus-flag"], "--bogus-flag"),
     ("ablation", ["--sweep-policies", "lpm,zzz"], "zzz"),
     ("ablation", ["--sigmas", "-1"], "--sigmas"),

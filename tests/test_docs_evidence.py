@@ -1454,3 +1454,46 @@ def test_rollout_under_noise_matches_its_runs(topas_md: str) -> None:
     ):
         a = averaged_over(*default_budget_rows(folder, loads), spec)
         assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse)" in text, (folder, spec)
+
+
+AUTO = "topas:fill=auto,stall=1"
+
+
+def test_fill_auto_figures_match_their_runs(topas_md: str) -> None:
+    """ "Filling by the timing mode": `fill=greedy` against `topas` with the prompts
+    recomputed (cells counted, the one gain quoted), `fill=auto,stall=1` on today's five
+    (cells counted on both tuning studies; its averages against the best registered
+    baseline, beside the other specs', with the baselines of the `fill=greedy` study,
+    whose `topas` runs are the same)."""
+    ex = load_analysis("compare_policies").ex
+    text = " ".join(section(topas_md, "**Filling by the timing mode", until="\n\n").split())
+    recomputed = changes_vs_topas("tuning_fill_paper_recompute", FILL)
+    assert study_runs("tuning_fill_paper_recompute")[0]["movement"] == "recompute"
+    assert not [c for c in recomputed if ex.worse_beyond_ci(c[3], c[4])]
+    (gain,) = [c for c in recomputed if c[3] + c[4] < 0]
+    assert gain[:3] == ("chain-3", 1.2, "mean_jct")
+    assert f"worse beyond the CI at 0 of the {len(recomputed)} cells and better at 1" in text
+    assert f"mean at 1.2, {ex.fmt_change(gain[3], gain[4])}%)" in text
+    for folder in ("tuning_fill_paper", "tuning_fill_paper_recompute"):  # swap, recompute
+        at = {c[:3]: c[3] for c in changes_vs_topas(folder, FILL)}
+        dags = ", ".join(
+            f"{at[w, 1.5, 'mean_jct']:+.1f}" for w in ("chain-3", "dag-4", "dag-10-wide")
+        )
+        assert f"({dags}%)" in text, folder
+    for folder, quoted in (
+        ("tuning_auto_stall_today", "better than `topas` beyond the CI at 13 of the 40 cells"),
+        ("tuning_auto_stall_today_1010", "better at 8 of the 20 cells"),
+    ):
+        changes = changes_vs_topas(folder, AUTO)
+        better = [c for c in changes if c[3] + c[4] < 0]
+        assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
+        assert quoted in text, folder
+        assert re.search(rf"\b{len(better)} of the {len(changes)} cells", quoted), folder
+    assert shared_runs("tuning_fill_today", "tuning_auto_stall_today", policy="topas") == 200
+    assert shared_runs("tuning_fill_today", "tuning_stall_today", policy="topas") == 200
+    cfg, rows = study_runs("tuning_fill_today")
+    for folder, spec in (("tuning_auto_stall_today", AUTO), ("tuning_stall_today", STALL)):
+        rows += [r for r in study_runs(folder)[1] if r["policy"] == spec]
+    for spec in (AUTO, "topas", FILL, STALL, "topas-greedy"):
+        a = averaged_over(cfg, rows, spec)
+        assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']}" in text, spec

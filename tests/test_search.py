@@ -740,6 +740,42 @@ def test_fill_greedy_admits_the_critical_sibling_the_pack_reads_later():
     assert got == {"topas": (("t", "a"),), "topas:fill=greedy": (("t", "z"),)}
 
 
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5, host=False))
+def test_fill_auto_is_the_pass_where_a_load_is_a_prefill(inst):
+    # recompute in calibrated timing: fill=auto runs as fill=greedy; in the step model (a
+    # load runs beside the batch there) as fill=search
+    for timing, same in (("calibrated", "topas:fill=greedy"), ("step", "topas:fill=search")):
+        runs = [
+            simulate(inst, make_policy(spec), timing=timing).runs
+            for spec in ("topas:fill=auto", same)
+        ]
+        assert runs[0] == runs[1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5, host=True))
+def test_fill_auto_is_the_pack_over_a_host_link(inst):
+    for timing in ("step", "calibrated"):
+        runs = [
+            simulate(inst, make_policy(spec), timing=timing).runs
+            for spec in ("topas:fill=auto", "topas:fill=search")
+        ]
+        assert runs[0] == runs[1]
+
+
+def test_fill_auto_follows_the_timing_mode_on_a_hand_built_state():
+    # the sibling state above in calibrated timing: over the fast host link fill=auto
+    # admits what the pack does (a, read first); with recompute, what the pass does (z,
+    # on the longest path)
+    t = task("t", 0, stage("a", "A", 500, 10), stage("z", "A", 500, 1000))
+    for load, want in ((FAST_LINK, ("t", "a")), (None, ("t", "z"))):
+        inst = make({"A": 4000}, [t], capacity=5_600, cost=RECOMPUTE_COST, load=load)
+        state = released(inst)
+        make_resident(state, "A")
+        assert ready("topas:fill=auto", inst, timing="calibrated").decide(state).admit == (want,)
+
+
 class InsideKept(TOPAS):
     """TOPAS that checks each decision against its kept set ``R'``: it admits only stages
     of agents in ``R'``, holds every waiting stage of the others, and never both admits

@@ -85,7 +85,10 @@ fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a 
 ``fill=greedy`` keeps the search's choice of ``R'`` but admits within it by the single
 pass of :mod:`topas.policies.greedy` (its order, holding back and evictions, restricted to
 the agents of ``R'``; no reservation of its own, no prefetch) instead of the winning pack;
-the packs still score the candidate sets.
+the packs still score the candidate sets. ``fill=auto`` is ``greedy`` where a load is a
+prefill that shares the GPU (the calibrated model with recompute) and ``search`` elsewhere
+(host swap, the step model): on the same workloads and arrivals the pass costs only where
+prompts move over a host link (docs/topas.md, "Filling R' by the timing mode").
 The waiting queue is kept across decisions by :class:`~topas.policies.search_view.QueueView`, so
 a decision re-analyses only the tasks that changed.
 
@@ -119,7 +122,7 @@ from topas.policies.search_view import QueueView, Ranking
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
 SEARCH_MODES = ("auto", "enumerate", "greedy", "all")
-FILLS = ("search", "greedy")  # who admits within the chosen R' (``fill``)
+FILLS = ("search", "greedy", "auto")  # who admits within the chosen R' (``fill``)
 AGE_FORMS = ("log", "linear", "excess")
 """``g_i(t)``: the paper's ``1 + rho log(1 + age / H_age)``, ``1 + rho age / H_age``, or
 ``1 + rho max(0, age - the mean age of the tasks in view) / H_age``."""
@@ -520,7 +523,8 @@ class TOPAS(Policy):
     jit: bool = False  # load a prompt for next hops only when its load is due; wake then
     drain: bool = True  # R' may leave out a prefix in use (it drains); else it stays in R'
     drain_running: bool = True  # a drain returns its running stages' KV too (else the prompt's)
-    fill: str = "search"  # who admits within the chosen R': its pack, or topas-greedy's pass
+    fill: str = "search"  # who admits within the chosen R': its pack, topas-greedy's pass,
+    # or auto (the pass where a load is a prefill sharing the GPU, else the pack)
     stall: bool = False  # recompute: a load also costs its time once per running stage
     name = "topas"
 
@@ -563,11 +567,16 @@ class TOPAS(Policy):
         # stall: where a load is such a prefill, the batch does not decode while it runs
         self._stalls = self.stall and ctx.predict.loads_share_compute
         self._filler: TOPASGreedy | None = None
-        if self.fill == "greedy":  # its weights follow this spec's; the search serves starving
-            self._filler = TOPASGreedy(  # stages, so the filler reserves no memory
+        if self._fills_greedily(ctx):  # its weights follow this spec's; the search serves
+            self._filler = TOPASGreedy(  # starving stages, so the filler reserves no memory
                 path=self.progress, reuse=self.reuse, move=self.move, aging=self.aging, reserve=0.0
             )
             self._filler.reset(ctx)
+
+    def _fills_greedily(self, ctx: PolicyContext) -> bool:
+        """Whether topas-greedy's pass admits within ``R'``: ``fill=greedy``, or
+        ``fill=auto`` where a prefix load is a prefill that shares the GPU."""
+        return self.fill == "greedy" or (self.fill == "auto" and ctx.predict.loads_share_compute)
 
     # ------------------------------------------------------------------ estimates
 
