@@ -414,9 +414,13 @@ def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
         assert numbers(row[3]) == theirs[row[0]], row[0]
         assert numbers(row[4]) == [_worse_cells(_part(topas, row[0]))], row[0]
     ours_specs = specs(rollout)
-    averaged = [ours_specs[name][i] for name in ("topas-rollout", "topas") for i in (1, 3)]
+    names = ("topas-rollout", "topas", BEFORE, "topas-greedy")
+    averaged = [ours_specs[name][i] for name in names for i in (1, 3)]
     text = " ".join(section(topas_md, "**On today's five**").split())
-    assert "change is {}% mean and {}% p99, against `topas`'s {}% / {}%".format(*averaged) in text
+    assert (
+        "change is {}% mean and {}% p99, against `topas`'s {}% / {}%, its base's {}% / {}% and "
+        "`topas-greedy`'s {}% / {}%"
+    ).format(*averaged) in text
     every = (DOCS / "results" / "compare_rollout_tl" / "summary.md").read_text()
     (row,) = [r for r in table(_part(every, "metagpt-tl"), "| load |") if r[0] == "1.2"]
     assert (row[1], row[5]) == ("spf", "parrot-fcfs")
@@ -424,11 +428,10 @@ def test_rollout_today_table_matches_its_summaries(topas_md: str) -> None:
     assert f"mean is {cells[0]}% against `spf`" in text
     assert f"p99 {cells[1]}% against `parrot-fcfs`" in text
     every_specs = specs(every)
-    averaged = [
-        every_specs[name][i] for name in ("topas-rollout", "topas", "topas-greedy") for i in (1, 3)
-    ]
+    averaged = [every_specs[name][i] for name in names for i in (1, 3)]
     assert (
-        "change is {}% mean and {}% p99, against `topas`'s {}% / {}% and `topas-greedy`'s {}% / {}%"
+        "change is {}% mean and {}% p99, against `topas`'s {}% / {}%, its base's {}% / {}% and "
+        "`topas-greedy`'s {}% / {}%"
     ).format(*averaged) in text
     assert _worse_cells(every) == 1 and "worse beyond the CI at 1 of 8 points" in text
 
@@ -473,7 +476,7 @@ def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
     dedented = "\n".join(line.removeprefix("  ") for line in bullet.splitlines())
     docs = {row[0]: row[1:] for row in table(dedented, "| load | best baselines |")}
     reported = (DOCS / "results" / "compare" / "summary.md").read_text()
-    names = ("topas-rollout", "topas", "topas-greedy")
+    names = ("topas-rollout", BEFORE, "topas-greedy")  # BEFORE: the rollout's base
     changes: dict[str, list[float]] = {f"{n} {m}": [] for n in names for m in ("mean", "p99")}
     for folder in SOP_ROLLOUT:
         cfg, rows = study_runs(folder)
@@ -503,7 +506,7 @@ def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
     averaged = [f"{np.mean(changes[f'{n} {m}']):+.1f}" for n in names for m in ("mean", "p99")]
     text = " ".join(bullet.split())
     assert (
-        "Averaged over the loads: rollout {}% / {}%, `topas` {}% / {}%, `topas-greedy` {}% / {}%"
+        "Averaged over the loads: rollout {}% / {}%, its base {}% / {}%, `topas-greedy` {}% / {}%"
     ).format(*averaged) in text
 
 
@@ -595,7 +598,7 @@ def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) ->
     text = section(topas_md, "**Today's five on fresh seeds 40-44**")
     docs = {r[0].strip("`"): r for r in table(text, "| spec | worse beyond the CI, of 28")}
     studies = rollout_seeds40()
-    assert list(docs) == ["topas-rollout", "topas", "topas-greedy"]
+    assert list(docs) == ["topas-rollout", "topas", BEFORE, "topas-greedy"]
     for name, row in docs.items():
         worse = of = 0
         averages = [0.0, 0.0]
@@ -619,10 +622,13 @@ def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) ->
     assert all(f"{cell}%" in docs["topas-rollout"][2] for cell in lost)
     replication = (DOCS / "results" / "replication" / "compare_seeds40" / "summary.md").read_text()
     for summary in studies:
-        for line in summary.splitlines():
-            if re.match(r"\| [\w-]+ \| [\d.]+ \|", line):  # per-policy JCT rows
-                head = line.rsplit("|", 2)[0]  # every column but topas-rollout
-                assert head in replication, head
+        for heading in ("## mean JCT per policy", "## p99 JCT per policy"):
+            part = section(summary, heading, until="\n## ")
+            top = next(ln for ln in part.splitlines() if ln.startswith("| workload | load |"))
+            drop = [c.strip() for c in top.strip("|").split("|")].index("topas-rollout")
+            theirs = table(section(replication, heading, until="\n## "), "| workload | load |")
+            for row in table(part, "| workload | load |"):  # every column but the rollout's
+                assert row[:drop] + row[drop + 1 :] in theirs, row
 
 
 NARROW = "topas-rollout:narrow_stages=256"
@@ -740,6 +746,15 @@ def test_frontier12_table_matches_its_runs(topas_md: str) -> None:
     start = text.index("| seeds, workload | `topas` |")
     lines = [ln.strip() for ln in text[start:].splitlines()[2:6]]
     assert lines == frontier12_rows()
+    before = []  # the `topas` of before's cells, quoted after the table
+    for folder, _ in FRONTIER12:
+        cfg, rows = study_runs(folder)
+        for workload in cfg["workloads"]:
+            before.append(
+                against_registered([r for r in rows if r["workload"] == workload], cfg, BEFORE)
+            )
+    quoted = " ".join(text[start:].split())
+    assert "in the table's order, {}, {}, {} and {}, with".format(*before) in quoted
     frontier = load_analysis("frontier")
     earlier = {
         "frontier12_20": ("narrow256_tl12_20", "compare_rollout"),
@@ -931,13 +946,18 @@ def narrow_nodrain_rows() -> list[str]:
 def test_narrow_nodrain_table_matches_its_runs(topas_md: str) -> None:
     """The no-drain narrow rollout's table, every cell recomputed, and the two studies'
     baselines, `topas` and `topas-greedy` equal to the `narrow_stages=256` studies'."""
+    from topas.policies import BASELINES
+
     text = section(topas_md, "- **A narrow rollout with a no-drain base**", until="\n- **")
     start = text.index("| seeds, workload | SPEC against")
     rows = narrow_nodrain_rows()
     assert [ln.strip() for ln in text[start:].splitlines()[2 : 2 + len(rows)]] == rows
-    for _, workload, folder, earlier in NARROW_NODRAIN_POINTS:
-        # 5 seeds x (8 baselines, topas, topas-greedy)
-        assert shared_runs(folder, earlier, workload=workload) == 5 * 10
+    for _, _, folder, earlier in NARROW_NODRAIN_POINTS:
+        # 5 seeds x (8 baselines, topas-greedy); these studies ran before the defaults of
+        # 2026-12-07, so their `topas` is BEFORE, which the re-run studies hold
+        for policy in (*BASELINES, "topas-greedy"):
+            assert renamed_runs(folder, policy, earlier, policy) == 5, (folder, policy)
+        assert renamed_runs(folder, "topas", earlier, BEFORE) == 5, folder
 
 
 BY_SIZE = (("jct_by_size_12", "20-24"), ("jct_by_size_paper12", "20-29"))
@@ -1017,8 +1037,12 @@ def test_readme_findings_match_their_summaries() -> None:
         for folder, seeds in (("compare_seeds40", "40-44"), ("compare_seeds50", "50-59"))
     ]
     assert f"({fresh[0]}, {fresh[1]})" in text
-    assert worse_of(specs(summary("replication/compare_seeds50"))["topas-greedy"]) == 0
-    assert "worse than the best baseline at none" in text
+    greedy = [
+        worse_of(specs(summary(f"replication/{folder}"))["topas-greedy"])
+        for folder in ("compare_seeds40", "compare_seeds50")
+    ]
+    assert f"worse than the best baseline at fewer points ({greedy[0]} and none)" in text
+    assert greedy[1] == 0
     cells = [ln.strip("| ").split(" | ") for ln in by_size_rows()[:5]]  # today's five
     smallest = [float(c[2]) for c in cells]
     largest = [1 / float(c[4]) for c in cells]
@@ -1055,8 +1079,13 @@ def test_decision_time_table_matches_its_runs(topas_md: str) -> None:
         assert cells[4].split(" (")[0] == f"{lpm['p50_ms']:.3f} / {lpm['p99_ms']:.3f}", line
 
 
-def search_against_scorer(folder: str) -> tuple[int, int, float]:
-    """`topas` against `topas-greedy` over a study's points, paired per seed: the (point,
+BEFORE = "topas:fill=search,stall=0"  # `topas` before the defaults of 2026-12-07
+
+
+def search_against_scorer(
+    folder: str, spec: str = "topas", other: str = "topas-greedy"
+) -> tuple[int, int, float]:
+    """``spec`` against ``other`` over a study's points, paired per seed: the (point,
     metric) cells worse and better beyond the CI, and the mean JCT change averaged."""
     ex = load_analysis("compare_policies").ex
     cfg, rows = study_runs(folder)
@@ -1066,7 +1095,7 @@ def search_against_scorer(folder: str) -> tuple[int, int, float]:
         for load in cfg["loads"]:
             point = [r for r in rows if r["workload"] == w and r["load"] == load]
             for m in METRICS2:
-                c, h = ex.paired_change(point, {"policy": "topas"}, {"policy": "topas-greedy"}, m)
+                c, h = ex.paired_change(point, {"policy": spec}, {"policy": other}, m)
                 worse += ex.worse_beyond_ci(c, h)
                 better += ex.worse_beyond_ci(-c, h)
                 if m == "mean_jct":
@@ -1081,16 +1110,22 @@ def test_third_replication_set_matches_its_runs(topas_md: str) -> None:
     text = " ".join(
         section(topas_md, "- **A third set, ten seeds", until="\n- **`topas-rollout`").split()
     )
-    topas, greedy = (averaged_changes(folder, s) for s in ("topas", "topas-greedy"))
-    assert (topas["worse"], greedy["worse"]) == (6, 0)
+    topas, greedy, before = (averaged_changes(folder, s) for s in ("topas", "topas-greedy", BEFORE))
+    assert (topas["worse"], greedy["worse"], before["worse"]) == (2, 0, 6)
     assert (
-        f"`topas`: {topas['mean']:+.1f}% mean / {topas['p99']:+.1f}% p99 against the best "
-        "baseline averaged over the 20 points, worse beyond the CI at 6 of 40" in text
+        f"2026-12-07): {topas['mean']:+.1f}% mean / {topas['p99']:+.1f}% p99 against the best "
+        "baseline averaged over the 20 points, worse beyond the CI at 2 of 40" in text
     )
     assert f"`topas-greedy`: {greedy['mean']:+.1f}% / {greedy['p99']:+.1f}%, worse at none" in text
+    assert f"`{BEFORE}`): {before['mean']:+.1f}% / {before['p99']:+.1f}%, worse at 6 of 40" in text
     worse, better, mean = search_against_scorer(folder)
-    assert (worse, better) == (8, 0)
-    assert f"{mean:+.1f}% mean" in text and "worse beyond the CI at 8 of the 40" in text
+    assert (worse, better) == (0, 2)
+    assert f"`topas-greedy`, paired per point: {mean:+.1f}% mean" in text
+    assert "better beyond the CI at 2 of the 40 (point, metric) cells, worse at none" in text
+    assert search_against_scorer(folder, BEFORE)[:2] == (8, 0)
+    assert "worse beyond the CI at 8 cells" in text
+    assert search_against_scorer(folder, "topas", BEFORE)[:2] == (0, 17)
+    assert "ahead of it beyond the CI at 17 of the 40 cells, behind at none" in text
 
 
 ROLLOUT50 = "replication/rollout_seeds50_12"
@@ -1119,7 +1154,7 @@ def test_rollout_seeds50_table_matches_its_runs(topas_md: str) -> None:
     start = text.index("| workload | `topas` | `topas-greedy` | `topas-rollout` |")
     lines = [ln.strip() for ln in text[start:].splitlines()[2:7]]
     assert lines == rollout50_rows()
-    assert shared_runs(ROLLOUT50, "replication/compare_seeds50", load=1.2) == 5 * 10 * 10
+    assert shared_runs(ROLLOUT50, "replication/compare_seeds50", load=1.2) == 5 * 10 * 11
 
 
 SHADOW_SPECS = ("topas", "topas:drain=0", "topas-greedy")
@@ -1393,31 +1428,49 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
     }
     assert f"({ex.fmt_change(*tl['mean_jct'][3:])}%, against" in text
     assert f"`topas-greedy`'s {ex.fmt_change(*greedy['mean_jct'][3:])}%)" in text
-    for folder, baselines in (
-        ("tuning_stall_today", "tuning_fill_today"),
-        ("replication/stall_seeds50", "replication/compare_seeds50"),
+    # the stall studies ran before the defaults of 2026-12-07: their `topas` is BEFORE,
+    # which the re-run replication studies of the same seeds hold under that name
+    for folder, baselines, before in (
+        ("tuning_stall_today", "tuning_fill_today", "topas"),
+        ("replication/stall_seeds50", "replication/compare_seeds50", BEFORE),
     ):
-        assert shared_runs(baselines, folder, policy="topas") == 200
+        assert renamed_runs(folder, "topas", baselines, before) == 200
         cfg, rows = study_runs(baselines)
+        if before != "topas":
+            rows = [r for r in rows if r["policy"] != "topas"]
+            rows = [{**r, "policy": "topas"} if r["policy"] == before else r for r in rows]
         rows += [r for r in study_runs(folder)[1] if r["policy"] == STALL]
         for spec in (STALL, "topas", "topas-greedy"):
             a = averaged_over(cfg, rows, spec)
             assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
-    # studies with their own baselines, whose other policies' means equal those of an
-    # earlier study of the same seeds (which kept no runs.csv)
-    for folder, earlier, others in (
+    # studies with their own baselines, whose other policies' runs equal those of the
+    # re-run studies of the same seeds
+    for folder, other, others in (
         ("replication/stall_seeds40", "replication/compare_seeds40", ("topas-greedy",)),
         ("replication/stall_seeds20", "compare", ()),
     ):
         for spec in (STALL, "topas", *others):
             a = averaged_changes(folder, spec)
             assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
-        for heading in ("## mean JCT per policy", "## p99 JCT per policy"):
-            mine, theirs = (
-                table(section(summary(f), heading, until="\n## "), "| workload | load |")
-                for f in (folder, earlier)
-            )
-            assert [row[: len(theirs[0])] for row in mine] == theirs, (folder, heading)
+        for policy in (*study_runs(other)[0]["baselines"], *others):
+            assert renamed_runs(folder, policy, other, policy) > 0, (folder, policy)
+    assert renamed_runs("replication/stall_seeds40", "topas", "replication/compare_seeds40", BEFORE)
+
+
+def renamed_runs(mine: str, policy: str, other: str, as_: str) -> int:
+    """How many runs of ``policy`` in committed study ``mine`` study ``other`` also has,
+    under the name ``as_`` (same workload, load and seed), each asserted to have the same
+    mean and p99 JCT in both."""
+    runs = {
+        (r["workload"], r["load"], r["seed"]): r for r in study_runs(other)[1] if r["policy"] == as_
+    }
+    n = 0
+    for r in study_runs(mine)[1]:
+        if r["policy"] == policy and (r["workload"], r["load"], r["seed"]) in runs:
+            theirs = runs[r["workload"], r["load"], r["seed"]]
+            assert (r["mean_jct"], r["p99_jct"]) == (theirs["mean_jct"], theirs["p99_jct"])
+            n += 1
+    return n
 
 
 def default_budget_rows(folder: str, loads: tuple[float, ...]) -> tuple[dict, list[dict]]:
@@ -1497,3 +1550,22 @@ def test_fill_auto_figures_match_their_runs(topas_md: str) -> None:
     for spec in (AUTO, "topas", FILL, STALL, "topas-greedy"):
         a = averaged_over(cfg, rows, spec)
         assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']}" in text, spec
+
+
+def test_parameters_line_is_topas_defaults(topas_md: str) -> None:
+    """The spec line under "Parameters and defaults" names every parameter of TOPAS with
+    its default (booleans as 0 / 1)."""
+    import dataclasses
+
+    from topas.policies.search import TOPAS
+
+    line = section(topas_md, "## Parameters and defaults").split("`")[1]
+    name, _, params = line.partition(":")
+    assert name == "topas"
+    docs = dict(p.split("=") for p in params.split(","))
+    defaults = {f.name: f.default for f in dataclasses.fields(TOPAS) if f.init and f.name != "name"}
+    want = {
+        k: str(int(v)) if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+        for k, v in defaults.items()
+    }
+    assert docs == want

@@ -416,6 +416,26 @@ def test_order_is_lazy_but_exact():
     assert ("t", "s5") not in list(board.order(values))
 
 
+def test_order_within_agents_is_the_full_order_filtered():
+    # the filler's order (fill=greedy): only the named agents' stages, in the order of
+    # the full sort, ties included, past the sorted head too; an agent without stages
+    # there is no error
+    from topas.policies.scoreboard import Scoreboard
+
+    board = Scoreboard(["a", "b", "c"])
+    board.add_task("t", 0.0)
+    n = 900
+    agents = {i: "abc"[(i * 31) % 3] for i in range(n)}
+    for i in range(n):
+        board.put_stage(("t", f"s{i}"), agents[i], 1.0, 0.0, 0.0, float(i))
+    values = board.s_inv_len.copy()
+    values[:n] = [(i * 7919) % 13 for i in range(n)]
+    full = list(board.order(values))
+    for within in ({"a"}, {"a", "c"}, {"b", "z"}, set()):
+        got = list(board.order(values, agents=within))
+        assert got == [ref for ref in full if agents[int(ref[1][1:])] in within]
+
+
 def test_runs_repeat_across_processes(tmp_path):
     # string hashing differs between processes (PYTHONHASHSEED): no decision may depend on
     # the iteration order of a set of names, or results would not repeat

@@ -16,7 +16,7 @@ from test_search import r_runs_beside_a_waiting_s
 from topas.errors import InputError
 from topas.policies import make_policy
 from topas.policies import rollout as rollout_module
-from topas.policies.rollout import distinct, variants
+from topas.policies.rollout import DEFAULT_BASES, Rollout, distinct, variants
 from topas.schedule import evaluate
 from topas.simulator import simulate
 from topas.state import Decision, apply
@@ -53,13 +53,16 @@ def test_a_rollout_waits_where_topas_drains_a_prompt_it_needs_again():
 
 
 def test_without_rollouts_it_is_topas():
-    # max_stages=0: no rollout is ever made, so every decision is TOPAS's
+    # max_stages=0: no rollout is ever made, so every decision is its TOPAS's (its first
+    # base, the TOPAS it was measured with: fill=search, stall=0)
     from topas.workloads import small_instance
 
     inst = small_instance("mixed", seed=3000, num_tasks=3)
+    first = DEFAULT_BASES.split("+")[0]
+    assert first == "topas:fill=search,stall=0"
     for timing in ("step", "calibrated"):
         a = simulate(inst, make_policy("topas-rollout:max_stages=0"), timing=timing)
-        b = simulate(inst, make_policy("topas"), timing=timing)
+        b = simulate(inst, make_policy(first), timing=timing)
         assert a.runs == b.runs and a.prefixes == b.prefixes
 
 
@@ -118,10 +121,11 @@ def test_a_narrow_rollout_is_a_rollout_over_its_first_bases_alone(inst):
     # each continued by each of them, without alternatives or perturbations: the full
     # rollout of a spec that has those bases only and none of the rest, run for run, in
     # both timing modes, with arrivals and prediction errors.
-    alone = "topas-rollout:bases=topas+topas-greedy,alternatives=0,variants=0,max_stages=1000"
+    first_two = "+".join(DEFAULT_BASES.split("+")[:2])
     for timing in ("step", "calibrated"):
+        alone = Rollout(bases=first_two, alternatives=0, variants=False, max_stages=1000)
         a = simulate(inst, make_policy(NARROW), timing=timing)
-        b = simulate(inst, make_policy(alone), timing=timing)
+        b = simulate(inst, alone, timing=timing)
         assert a.runs == b.runs and a.prefixes == b.prefixes, timing
 
 

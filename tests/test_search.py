@@ -648,7 +648,7 @@ def test_stall_charges_a_recompute_once_per_running_stage():
     # prefill, and a0 and a1 do not decode while it runs: with stall=1 it also costs
     # 2 x 40 s, so 43 - 120 = -77, and b0 is held until the batch has drained.
     inst, state = b_waits_beside_a_batch(b_resident=False)
-    plain, stalled = (ready(s, inst, timing="calibrated") for s in ("topas", "topas:stall=1"))
+    plain, stalled = (ready(s, inst, timing="calibrated") for s in ("topas:stall=0", "topas"))
     assert plain.decide(state).admit == (("b0", "s"),)
     d = stalled.decide(state)
     assert d.admit == () and d.held == (("b0", "s"),)
@@ -660,7 +660,7 @@ def test_stall_charges_a_recompute_once_per_running_stage():
     # dropping a resident B with b0 waiting: l_out (40 s for b0's task), and with stall=1
     # the reload it makes due holds up the batch too (another 2 x 40 s)
     inst, state = b_waits_beside_a_batch(b_resident=True)
-    for spec, cost in (("topas", -40.0), ("topas:stall=1", -120.0)):
+    for spec, cost in (("topas:stall=0", -40.0), ("topas", -120.0)):
         policy = ready(spec, inst, timing="calibrated")
         rnd = policy._round(state)
         assert policy._pack(state, rnd, ("A",)).score == pytest.approx(cost)
@@ -672,7 +672,7 @@ def test_stall_changes_nothing_where_a_load_is_not_a_prefill():
     for timing, load in (("step", None), ("calibrated", FAST_LINK)):
         for b_resident in (False, True):
             inst, state = b_waits_beside_a_batch(b_resident, load)
-            plain, stalled = (ready(s, inst, timing=timing) for s in ("topas", "topas:stall=1"))
+            plain, stalled = (ready(s, inst, timing=timing) for s in ("topas:stall=0", "topas"))
             for keep in (("A", "B"), ("A",)):
                 r0, r1 = plain._round(state), stalled._round(state)
                 assert plain._pack(state, r0, keep).score == stalled._pack(state, r1, keep).score
@@ -686,7 +686,7 @@ def test_stall_runs_as_the_default_over_a_host_link(inst):
     for timing in ("step", "calibrated"):
         runs = [
             simulate(inst, make_policy(spec), timing=timing).runs
-            for spec in ("topas", "topas:stall=1")
+            for spec in ("topas:stall=0", "topas")
         ]
         assert runs[0] == runs[1]
 

@@ -445,10 +445,11 @@ class TOPASGreedy(Policy):
         memory for a starving stage). Returns how many did not fit as they were, and the
         stages kept out on purpose (held back, or behind a reservation). With ``agents``,
         only those agents' stages are candidates."""
-        order = board.order(self._admission_values(board, weights))
+        order = board.order(self._admission_values(board, weights), agents=agents)
         if agents is not None:  # a filler: the plan may admit some already
             taken = set(plan.admit)
-            order = (r for r in order if state.agent_of(r) in agents and r not in taken)
+            if taken:
+                order = (r for r in order if r not in taken)
         evict_rank = sorted(
             state.evictable(), key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens
         )

@@ -53,8 +53,11 @@ from topas.policies.base import Policy, PolicyContext
 from topas.policies.search import TOPAS
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
-DEFAULT_BASES = "topas+topas-greedy+lpm+parrot-fcfs"
-"""The base policies of ``topas-rollout`` (docs/topas.md has how they were chosen)."""
+DEFAULT_BASES = "topas:fill=search,stall=0+topas-greedy+lpm+parrot-fcfs"
+"""The base policies of ``topas-rollout`` (docs/topas.md has how they were chosen). Its
+TOPAS is the one it was tuned and measured with, before ``fill=auto`` and ``stall=1``
+became TOPAS's defaults (2026-12-07); they change nothing over a host link or in the step
+model, and the rollout with them as its base has not been measured."""
 
 CUTOFF_SLACK_S = 1e-6
 """A rollout stops once its JCTs are sure to sum past the best so far plus this much (s).

@@ -144,14 +144,21 @@ class Scoreboard:
         """Per agent: the weighted, discounted count of upcoming stages over live tasks."""
         return (weights * self.live) @ self.upcoming
 
-    def order(self, values: np.ndarray, first: int = 128) -> Iterator[StageRef]:
-        """Waiting stages by decreasing ``values`` (per stage slot), first come first on ties.
+    def order(
+        self, values: np.ndarray, first: int = 128, agents: Iterable[str] | None = None
+    ) -> Iterator[StageRef]:
+        """Waiting stages by decreasing ``values`` (per stage slot), first come first on ties;
+        with ``agents``, only those agents' stages.
 
         Lazy: the ``first`` best (and any tied with the last of them) are sorted up front,
         the rest only if the caller reads past them, so a decision that admits a few of
         thousands of waiting stages sorts only a few.
         """
-        valid = np.flatnonzero(self.s_valid)
+        mask = self.s_valid
+        if agents is not None:
+            index = [self.agent_index[a] for a in agents if a in self.agent_index]
+            mask = mask & np.isin(self.s_agent, index)
+        valid = np.flatnonzero(mask)
         neg = -values[valid]
         if len(valid) > 2 * first:
             cut = np.partition(neg, first - 1)[first - 1]

@@ -39,7 +39,7 @@ and the batch stays smaller (docs/topas.md has the measurements).
 its prefill with recompute (``PolicyContext.predict.load_s``); a prefetch (no task waits for
 it) costs nothing but where a load is a prefill that shares the GPU (the calibrated
 model with recompute). There such a prefill also holds up the batch, which does not
-decode while it runs: with ``stall=1`` (off by default) ``J_move`` charges each load, and
+decode while it runs: with ``stall=1`` (the default) ``J_move`` charges each load, and
 each drain of a prompt that waiting or next-hop stages will need again, ``c(a)`` once per
 running stage besides. ``Delta(r)`` is the stage's share of the cut in its task's
 expected longest remaining path ``L_i`` when the task's waiting stages start now rather
@@ -85,10 +85,11 @@ fits (no choice of residency); ``search=greedy`` / ``search=enumerate`` force a 
 ``fill=greedy`` keeps the search's choice of ``R'`` but admits within it by the single
 pass of :mod:`topas.policies.greedy` (its order, holding back and evictions, restricted to
 the agents of ``R'``; no reservation of its own, no prefetch) instead of the winning pack;
-the packs still score the candidate sets. ``fill=auto`` is ``greedy`` where a load is a
-prefill that shares the GPU (the calibrated model with recompute) and ``search`` elsewhere
-(host swap, the step model): on the same workloads and arrivals the pass costs only where
-prompts move over a host link (docs/topas.md, "Filling R' by the timing mode").
+the packs still score the candidate sets. ``fill=auto`` (the default) is ``greedy`` where
+a load is a prefill that shares the GPU (the calibrated model with recompute) and
+``search`` elsewhere (host swap, the step model): on the same workloads and arrivals the
+pass costs only where prompts move over a host link (docs/topas.md, "Filling by the
+timing mode").
 The waiting queue is kept across decisions by :class:`~topas.policies.search_view.QueueView`, so
 a decision re-analyses only the tasks that changed.
 
@@ -523,9 +524,9 @@ class TOPAS(Policy):
     jit: bool = False  # load a prompt for next hops only when its load is due; wake then
     drain: bool = True  # R' may leave out a prefix in use (it drains); else it stays in R'
     drain_running: bool = True  # a drain returns its running stages' KV too (else the prompt's)
-    fill: str = "search"  # who admits within the chosen R': its pack, topas-greedy's pass,
+    fill: str = "auto"  # who admits within the chosen R': its pack, topas-greedy's pass,
     # or auto (the pass where a load is a prefill sharing the GPU, else the pack)
-    stall: bool = False  # recompute: a load also costs its time once per running stage
+    stall: bool = True  # recompute: a load also costs its time once per running stage
     name = "topas"
 
     def check(self) -> None:

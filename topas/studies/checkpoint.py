@@ -108,9 +108,10 @@ class Checkpoint:
         if not self.resumed:
             return ""
         return (
-            f"\n{self.resumed} of the {total} {unit} were reused from the checkpoint of an "
-            "interrupted run (`--resume`); the wall-clock time counts this run only, and "
-            "each run's own times are those it was run with.\n"
+            f"\n{self.resumed} of the {total} {unit} were reused from the checkpoint in the "
+            "output folder (`--resume`: the runs an interrupted run kept, or runs carried "
+            "over that the code in use would repeat); the wall-clock time counts this run "
+            "only, and each run's own times are those it was run with.\n"
         )
 
     def params(self, unit: str = "runs") -> dict[str, int]:
