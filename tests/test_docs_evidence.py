@@ -1569,3 +1569,14 @@ def test_parameters_line_is_topas_defaults(topas_md: str) -> None:
         for k, v in defaults.items()
     }
     assert docs == want
+
+
+def test_rollout_new_base_probe_matches_its_runs(topas_md: str) -> None:
+    """The rollout with the new `topas` as its base against the pinned one (no cell
+    beyond the CI either way) and against `topas` (better on the mean at 2 cells)."""
+    new = "topas-rollout:bases=topas+topas-greedy+lpm+parrot-fcfs"
+    text = " ".join(section(topas_md, "**The defaults of 2026-12-07", until="\n\n").split())
+    assert search_against_scorer("tuning_rollout_newbase", new, "topas-rollout")[:2] == (0, 0)
+    assert search_against_scorer("tuning_rollout_newbase", new, "topas")[:2] == (0, 2)
+    assert "within the CI of the pinned rollout at all 6 cells" in text
+    assert "the new base beyond the CI on chain and mixed" in text
