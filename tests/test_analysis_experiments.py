@@ -254,19 +254,26 @@ def test_compare_policies_on_tuning_seeds_for_a_variant(tmp_path: Path) -> None:
     assert config["seeds"] == [1000, 1001]
 
 
+def _compare_with_and_without(
+    tmp_path: Path, args: list[str], option: list[str]
+) -> tuple[Path, Path]:
+    """compare_policies.py run in-process on ``args`` with ``option`` and without it (one
+    process, no progress bar): the two output folders."""
+    module = load_analysis("compare_policies")
+    folders = tmp_path / "with", tmp_path / "without"
+    for out, extra in zip(folders, (option, []), strict=True):
+        argv = [*args, *extra, "--jobs", "1", "--no-progress", "--out", str(out)]
+        assert module.ex.run_cli(module.main, argv) == 0
+    return folders
+
+
 def test_compare_policies_tells_every_policy_the_same_noisy_lengths(tmp_path: Path) -> None:
     # --prediction-error reaches each run: the rows equal a direct simulation told the
     # perturbed lengths, the summary says so, and spf (which orders tasks by their told
     # work) runs differently from the noiseless study on the same instances
-    module = load_analysis("compare_policies")
     args = ["--workloads", "chain-3", "--loads", "1.2", "--seeds", "20,21", "--tasks", "12"]
-    args += ["--policies", "lpm,spf,topas", "--jobs", "1", "--no-progress"]
-    noisy, exact = tmp_path / "noisy", tmp_path / "exact"
-    assert (
-        module.ex.run_cli(module.main, [*args, "--prediction-error", "0.5", "--out", str(noisy)])
-        == 0
-    )
-    assert module.ex.run_cli(module.main, [*args, "--out", str(exact)]) == 0
+    args += ["--policies", "lpm,spf,topas"]
+    noisy, exact = _compare_with_and_without(tmp_path, args, ["--prediction-error", "0.5"])
     rows, rows0 = _csv_rows(noisy / "runs.csv"), _csv_rows(exact / "runs.csv")
     assert {float(r["prediction_error"]) for r in rows} == {0.5}
     assert {float(r["prediction_error"]) for r in rows0} == {0.0}
@@ -303,14 +310,9 @@ def test_with_movement_changes_how_prefixes_move_and_nothing_else() -> None:
 def test_compare_policies_moves_prefixes_as_told(tmp_path: Path) -> None:
     # --movement reaches each run (its rows equal a direct simulation of the moved
     # instance), the config and the summary say so, and without it nothing is said
-    module = load_analysis("compare_policies")
     args = ["--workloads", "chain-3", "--loads", "1.2", "--seeds", "20,21", "--tasks", "10"]
-    args += ["--policies", "lpm,topas", "--jobs", "1", "--no-progress"]
-    moved, plain = tmp_path / "moved", tmp_path / "plain"
-    assert (
-        module.ex.run_cli(module.main, [*args, "--movement", "recompute", "--out", str(moved)]) == 0
-    )
-    assert module.ex.run_cli(module.main, [*args, "--out", str(plain)]) == 0
+    args += ["--policies", "lpm,topas"]
+    moved, plain = _compare_with_and_without(tmp_path, args, ["--movement", "recompute"])
     assert json.loads((moved / "config.json").read_text())["movement"] == "recompute"
     assert json.loads((plain / "config.json").read_text())["movement"] is None
     assert "prefixes moved by recompute" in (moved / "summary.md").read_text()

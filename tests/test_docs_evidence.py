@@ -1398,6 +1398,18 @@ def stall_bullet(topas_md: str) -> str:
     return " ".join(section(topas_md, "**The stall switch**", until="\n\n").split())
 
 
+def assert_better_nowhere_worse(folder: str, spec: str, quoted: str, text: str) -> None:
+    """``spec`` against `topas` in a committed study (:func:`changes_vs_topas`): worse
+    beyond the CI at no cell, and ``quoted``, found in ``text``, counts the cells where it
+    is better ("N of [the] M cells")."""
+    ex = load_analysis("compare_policies").ex
+    changes = changes_vs_topas(folder, spec)
+    better = [c for c in changes if c[3] + c[4] < 0]
+    assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
+    assert quoted in text, folder
+    assert re.search(rf"\b{len(better)} of (the )?{len(changes)} cells", quoted), folder
+
+
 def test_stall_figures_match_their_runs(topas_md: str) -> None:
     """The stall switch's paired cells against `topas` counted, its averages against the
     best registered baseline (with the baselines of the study on the same seeds, whose
@@ -1411,11 +1423,7 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
         ("replication/stall_seeds40", "better than `topas` at 4 of 40 cells"),
         ("replication/stall_seeds20", "better than `topas` at 5 of 40 cells"),
     ):
-        changes = changes_vs_topas(folder, STALL)
-        better = [c for c in changes if c[3] + c[4] < 0]
-        assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
-        assert quoted in text, folder
-        assert re.search(rf"\b{len(better)} of (the )?{len(changes)} cells", quoted), folder
+        assert_better_nowhere_worse(folder, STALL, quoted, text)
     tl = {
         c[2]: c
         for c in changes_vs_topas("tuning_stall_today", STALL)
@@ -1537,11 +1545,7 @@ def test_fill_auto_figures_match_their_runs(topas_md: str) -> None:
         ("tuning_auto_stall_today", "better than `topas` beyond the CI at 13 of the 40 cells"),
         ("tuning_auto_stall_today_1010", "better at 8 of the 20 cells"),
     ):
-        changes = changes_vs_topas(folder, AUTO)
-        better = [c for c in changes if c[3] + c[4] < 0]
-        assert not [c for c in changes if ex.worse_beyond_ci(c[3], c[4])], folder
-        assert quoted in text, folder
-        assert re.search(rf"\b{len(better)} of the {len(changes)} cells", quoted), folder
+        assert_better_nowhere_worse(folder, AUTO, quoted, text)
     assert shared_runs("tuning_fill_today", "tuning_auto_stall_today", policy="topas") == 200
     assert shared_runs("tuning_fill_today", "tuning_stall_today", policy="topas") == 200
     cfg, rows = study_runs("tuning_fill_today")

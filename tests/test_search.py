@@ -684,11 +684,13 @@ def test_stall_changes_nothing_where_a_load_is_not_a_prefill():
 def test_stall_runs_as_the_default_over_a_host_link(inst):
     # the calibrated model with host swap, and the step model: the same schedule
     for timing in ("step", "calibrated"):
-        runs = [
-            simulate(inst, make_policy(spec), timing=timing).runs
-            for spec in ("topas:stall=0", "topas")
-        ]
-        assert runs[0] == runs[1]
+        assert_same_runs(inst, timing, "topas:stall=0", "topas")
+
+
+def assert_same_runs(inst, timing: str, spec: str, other: str) -> None:  # type: ignore[no-untyped-def]
+    """``spec`` and ``other`` run ``inst`` alike: the same runs, stage by stage."""
+    a, b = (simulate(inst, make_policy(s), timing=timing).runs for s in (spec, other))
+    assert a == b, (timing, spec, other)
 
 
 class KeepsInUse(TOPAS):
@@ -746,22 +748,14 @@ def test_fill_auto_is_the_pass_where_a_load_is_a_prefill(inst):
     # recompute in calibrated timing: fill=auto runs as fill=greedy; in the step model (a
     # load runs beside the batch there) as fill=search
     for timing, same in (("calibrated", "topas:fill=greedy"), ("step", "topas:fill=search")):
-        runs = [
-            simulate(inst, make_policy(spec), timing=timing).runs
-            for spec in ("topas:fill=auto", same)
-        ]
-        assert runs[0] == runs[1]
+        assert_same_runs(inst, timing, "topas:fill=auto", same)
 
 
 @settings(max_examples=25, deadline=None)
 @given(random_instances(max_tasks=4, max_stages=5, host=True))
 def test_fill_auto_is_the_pack_over_a_host_link(inst):
     for timing in ("step", "calibrated"):
-        runs = [
-            simulate(inst, make_policy(spec), timing=timing).runs
-            for spec in ("topas:fill=auto", "topas:fill=search")
-        ]
-        assert runs[0] == runs[1]
+        assert_same_runs(inst, timing, "topas:fill=auto", "topas:fill=search")
 
 
 def test_fill_auto_follows_the_timing_mode_on_a_hand_built_state():
