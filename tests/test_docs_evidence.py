@@ -1026,6 +1026,17 @@ def test_readme_findings_match_their_summaries() -> None:
         f"are {cuts[0]} on Chain-3, {cuts[1]} on DAG-4, {cuts[2]} on DAG-10-Wide and "
         f"{cuts[3]} on MetaGPT-TL-paper" in text
     )
+    switch = side_by_side(summary("paper_drain_load"))
+    peaks = [
+        " / ".join(switch[w][i].split(" ± ")[0].lstrip("+") for i in (2, 5)) + "%"
+        for w in ("chain-3", "dag-4", "dag-10-wide", "metagpt-tl-paper")
+    ]
+    assert f"the cuts {peaks[0]}, {peaks[1]}, {peaks[2]} (past the" in text
+    assert f"paper's p99 cut) and {peaks[3]}" in text
+    assert (
+        "tally is {} wins, {} ties and {} losses".format(*_tally(summary("paper_drain_load")))
+        in text
+    )
     sop = ours["metagpt-sop-paper"]
     assert f"its mean is {-float(sop[3]):.0f}% and its p99 {-float(sop[6]):.0f}% above" in text
     assert "{} wins, {} ties, {} losses".format(*_tally(paper)) in text
@@ -1083,12 +1094,16 @@ BEFORE = "topas:fill=search,stall=0"  # `topas` before the defaults of 2026-12-0
 
 
 def search_against_scorer(
-    folder: str, spec: str = "topas", other: str = "topas-greedy"
+    folder: str, spec: str = "topas", other: str = "topas-greedy", regime_map: bool = True
 ) -> tuple[int, int, float]:
     """``spec`` against ``other`` over a study's points, paired per seed: the (point,
-    metric) cells worse and better beyond the CI, and the mean JCT change averaged."""
+    metric) cells worse and better beyond the CI, and the mean JCT change averaged.
+    ``regime_map=False`` leaves out a ``reproduce_paper.py`` study's regime-map runs (those
+    with a ``movement``), which share a workload and loads with its comparison."""
     ex = load_analysis("compare_policies").ex
     cfg, rows = study_runs(folder)
+    if not regime_map:
+        rows = [r for r in rows if not r.get("movement")]
     worse = better = 0
     means = []
     for w in cfg["workloads"]:
@@ -1556,23 +1571,39 @@ def test_fill_auto_figures_match_their_runs(topas_md: str) -> None:
         assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']}" in text, spec
 
 
+def assert_spec_line_is_defaults(line: str, cls: type) -> None:
+    """``line``, a policy spec, names every parameter of ``cls`` once, and the policy it
+    builds has ``cls``'s defaults."""
+    import dataclasses
+
+    from topas.params import split_outside
+    from topas.policies import make_policy
+
+    fields = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "name"]
+    _, _, params = line.partition(":")
+    assert sorted(p.partition("=")[0] for p in split_outside(params, ",")) == sorted(fields)
+    built, default = make_policy(line), cls()
+    assert {f: getattr(built, f) for f in fields} == {f: getattr(default, f) for f in fields}
+
+
 def test_parameters_line_is_topas_defaults(topas_md: str) -> None:
     """The spec line under "Parameters and defaults" names every parameter of TOPAS with
     its default (booleans as 0 / 1)."""
-    import dataclasses
-
     from topas.policies.search import TOPAS
 
     line = section(topas_md, "## Parameters and defaults").split("`")[1]
-    name, _, params = line.partition(":")
-    assert name == "topas"
-    docs = dict(p.split("=") for p in params.split(","))
-    defaults = {f.name: f.default for f in dataclasses.fields(TOPAS) if f.init and f.name != "name"}
-    want = {
-        k: str(int(v)) if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
-        for k, v in defaults.items()
-    }
-    assert docs == want
+    assert line.partition(":")[0] == "topas"
+    assert_spec_line_is_defaults(line, TOPAS)
+
+
+def test_parameters_line_is_rollout_defaults(topas_md: str) -> None:
+    """The rollout's spec line (its "Parameters and defaults") is its defaults, and a spec
+    that can be used as it is: its first base, with parameters, in parentheses."""
+    from topas.policies.rollout import Rollout
+
+    line = section(topas_md, "**Parameters and defaults.**").split("`")[1]
+    assert line.partition(":")[0] == "topas-rollout"
+    assert_spec_line_is_defaults(line, Rollout)
 
 
 def test_rollout_new_base_probe_matches_its_runs(topas_md: str) -> None:
@@ -1584,3 +1615,126 @@ def test_rollout_new_base_probe_matches_its_runs(topas_md: str) -> None:
     assert search_against_scorer("tuning_rollout_newbase", new, "topas")[:2] == (0, 2)
     assert "within the CI of the pinned rollout at all 6 cells" in text
     assert "the new base beyond the CI on chain and mixed" in text
+
+
+def drain_load_text(topas_md: str) -> str:
+    return " ".join(
+        section(topas_md, "**Loading into drained memory", until="\n**The stall switch").split()
+    )
+
+
+def test_drain_load_tuning_figures_match_their_runs(topas_md: str) -> None:
+    """The switch's tuning figures: its average and cells worse against the best baseline
+    (the paper's five and today's), paired against `topas`, and the four gap studies."""
+    text = drain_load_text(topas_md)
+    paper = specs(summary("tuning_drain_load_paper"))
+    assert paper["topas"][1:] == ["-6.8", "3/15", "-11.9", "2/15"]
+    assert paper["topas:drain_load=1"][1:] == ["-9.2", "3/15", "-15.7", "3/15"]
+    assert "-6.8 / -11.9% (mean / p99) for `topas` and **-9.2 / -15.7%**" in text
+    assert search_against_scorer("tuning_drain_load_paper", SWITCH, "topas")[:2] == (0, 11)
+    assert "better beyond the CI at 11 of the 30 cells and worse at none" in text
+    today = specs(summary("tuning_drain_load_today"))
+    assert today["topas"][1:] == ["+0.8", "0/15", "-2.0", "0/15"]
+    assert today[SWITCH][1:] == ["+1.0", "0/15", "-2.6", "0/15"]
+    assert search_against_scorer("tuning_drain_load_today", SWITCH, "topas")[:2] == (0, 1)
+    for seed, before, after in (
+        (1000, (2.4, 18.6), (2.7, 23.8)),
+        (0, (3.7, 25.3), (3.6, 25.3)),
+        (1001, (2.8, 27.4), (2.8, 27.4)),
+        (1002, (3.3, 26.4), (3.5, 26.4)),
+    ):
+        assert gap_mean_max(f"gap_tuning_drain_load_{seed}") == {"topas": before, SWITCH: after}
+
+
+SWITCH = "topas:drain_load=1"
+
+
+def gap_mean_max(folder: str) -> dict[str, tuple[float, float]]:
+    """Mean and max gap (%) by policy, from a gap study's summary."""
+    rows = table(summary(folder), "| policy | n | mean gap %")
+    return {r[0].strip("`"): (float(r[2]), float(r[4])) for r in rows}
+
+
+def test_drain_load_reporting_figures_match_their_runs(topas_md: str) -> None:
+    """The switch on reporting seeds: the paper's setting (tallies, peaks, paired against
+    `topas`, whose runs are the reported studies'), the gap and today's five."""
+    text = drain_load_text(topas_md)
+    for folder, reported, tally, better, quoted in (
+        (
+            "paper_drain_load",
+            "paper",
+            ("30", "12", "8"),
+            18,
+            (
+                "**30 wins, 12 ties, 8 losses**",
+                "better beyond the CI at 18 of the 50 cells, worse at none",
+            ),
+        ),
+        (
+            "replication/paper_drain_load_30",
+            "replication/paper_seeds30",
+            ("28", "14", "8"),
+            17,
+            ("**28 / 14 / 8**", "better at 17 of 50 cells, worse at none"),
+        ),
+    ):
+        assert _tally(summary(folder)) == tally
+        assert search_against_scorer(folder, SWITCH, "topas", regime_map=False)[:2] == (0, better)
+        assert all(q in text for q in quoted), quoted
+        assert_topas_seconds_are(folder, reported)
+        losses = [r for r in _loss_rows(summary(folder))]
+        assert losses and all(w == "metagpt-sop-paper" for w in losses)
+        peaks = side_by_side(summary(folder))
+        for w, row in peaks.items():
+            if w != "metagpt-sop-paper":
+                pair = f"{numbers(row[2])[0]:+.1f} / {numbers(row[5])[0]:+.1f}%"
+                assert pair in text, (folder, w, pair)
+    for seed, before, after in ((1, (1.9, 12.4), (2.0, 12.4)), (2, (2.9, 20.2), (3.0, 20.2))):
+        assert gap_mean_max(f"replication/gap_drain_load_{seed}") == {
+            "topas": before,
+            SWITCH: after,
+        }
+    assert gap_mean_max("gap")["topas"] == (1.9, 12.4)
+    assert gap_mean_max("replication/gap_seed2")["topas"] == (2.9, 20.2)
+    for folder, topas, switch in (
+        ("replication/drain_load_seeds20", "-0.6/0/-1.8/0", "-0.7/0/-1.6/0"),
+        ("replication/drain_load_seeds40", "+1.9/2/-1.3/1", "+2.0/1/-1.8/1"),
+    ):
+        rows = specs(summary(folder))
+        for spec, want in (("topas", topas), (SWITCH, switch)):
+            got = rows[spec][1:]
+            assert "/".join((got[0], got[1].split("/")[0], got[2], got[3].split("/")[0])) == want
+    assert search_against_scorer("replication/drain_load_seeds20", SWITCH, "topas")[:2] == (1, 0)
+    assert search_against_scorer("replication/drain_load_seeds40", SWITCH, "topas")[:2] == (0, 0)
+    assert shared_runs("replication/drain_load_seeds20", "compare", policy="topas") == 100
+    assert shared_runs("replication/drain_load_seeds40", "replication/compare_seeds40") >= 500
+
+
+def _loss_rows(summary_text: str) -> list[str]:
+    """The workloads of a ``reproduce_paper.py`` summary's per-workload rows marked a
+    loss (one entry per loss)."""
+    out = []
+    for part in summary_text.split("\n## ")[1:]:
+        name = part.split("\n", 1)[0].strip()
+        out += [name] * part.count("(**loss**)")
+    return out
+
+
+def assert_topas_seconds_are(folder: str, reported: str) -> None:
+    """The mean and p99 JCT of `topas` in a ``reproduce_paper.py`` study's runs, averaged
+    over its seeds at each point, are the TOPAS seconds of the reported study's per-load
+    tables (which keep no runs.csv): the same runs."""
+    _, rows = study_runs(folder)
+    rows = [r for r in rows if r["policy"] == "topas" and not r.get("movement")]
+    checked = 0
+    for part in summary(reported).split("\n## ")[1:]:
+        workload = part.split("\n", 1)[0].strip()
+        if "| load | best baseline (mean JCT)" not in part:
+            continue  # the side-by-side, the ablation
+        for row in table(part, "| load | best baseline (mean JCT)"):
+            point = [r for r in rows if r["workload"] == workload and r["load"] == float(row[0])]
+            for col, metric in ((3, "mean_jct"), (7, "p99_jct")):
+                mean = sum(float(r[metric]) for r in point) / len(point)
+                assert abs(mean - float(row[col])) < 0.051, (folder, workload, row[0], metric)
+                checked += 1
+    assert checked == 50

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from topas.oracle import solve
 from topas.oracle.problem import OracleResult
-from topas.policies import BASELINES, split_specs
+from topas.policies import BASELINES, PolicySpecError, split_specs
 from topas.runs import best_schedule, policy_objectives
 from topas.studies import default_policies
 from topas.studies.gap import (
@@ -173,6 +173,14 @@ def test_split_specs_keeps_parameters_together() -> None:
         "topas-rollout:cross=0,bases=topas+topas:drain=0+lpm",
         "m:C:g=1,h=2",
     ]
+    # a base with parameters of its own in parentheses: its commas split nothing
+    assert split_specs("lpm,topas-rollout:bases=(topas:fill=search,stall=0)+lpm,cross=0,fcfs") == [
+        "lpm",
+        "topas-rollout:bases=(topas:fill=search,stall=0)+lpm,cross=0",
+        "fcfs",
+    ]
+    with pytest.raises(PolicySpecError, match="unmatched"):
+        split_specs("topas-rollout:bases=(topas:drain=0,lpm")
 
 
 def test_policy_gap_intervals_and_loud_errors() -> None:

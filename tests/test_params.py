@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from topas.errors import InputError
-from topas.params import FALSE, TRUE, coerce
+from topas.params import FALSE, TRUE, coerce, split_outside, unwrap
 from topas.policies import PolicySpecError, make_policy
 from topas.workloads import resolve_params
 
@@ -81,3 +81,30 @@ def test_policy_specs_and_workload_params_share_it():
     with pytest.raises(InputError, match="parameter token_sigma: invalid value 'nan'"):
         resolve_params("chain", {"token_sigma": "nan"})
     assert not math.isnan(resolve_params("chain")["token_sigma"])
+
+
+_PIECES = st.text(alphabet="ab=:+,", max_size=6)
+
+
+@given(st.lists(st.tuples(_PIECES, st.booleans()), min_size=1, max_size=5))
+def test_split_outside_keeps_what_parentheses_enclose(items):
+    # Pieces joined by "," (each wrapped in parentheses or not, but only those free of
+    # "," are left bare) split back into the same pieces; unwrap takes the parentheses off
+    pieces = [f"({p})" if wrap or "," in p else p for p, wrap in items]
+    parts = split_outside(",".join(pieces), ",")
+    assert parts == pieces
+    assert [unwrap(x) for x in parts] == [p for p, _ in items]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(" (a,b) ", "a,b"), ("(a)+(b)", "(a)+(b)"), ("((a))", "(a)"), ("a", "a"), ("()", "")],
+)
+def test_unwrap_takes_one_enclosing_pair(text, expected):
+    assert unwrap(text) == expected
+
+
+@pytest.mark.parametrize("text", ["(a,b", "a)(b", "a,b)"])
+def test_split_outside_refuses_unbalanced_parentheses(text):
+    with pytest.raises(ValueError, match="unmatched"):
+        split_outside(text, ",")

@@ -14,6 +14,7 @@ from test_policies import make_resident, ready, released
 from test_search import r_runs_beside_a_waiting_s
 
 from topas.errors import InputError
+from topas.params import split_outside, unwrap
 from topas.policies import make_policy
 from topas.policies import rollout as rollout_module
 from topas.policies.rollout import DEFAULT_BASES, Rollout, distinct, variants
@@ -58,7 +59,7 @@ def test_without_rollouts_it_is_topas():
     from topas.workloads import small_instance
 
     inst = small_instance("mixed", seed=3000, num_tasks=3)
-    first = DEFAULT_BASES.split("+")[0]
+    first = unwrap(split_outside(DEFAULT_BASES, "+")[0])
     assert first == "topas:fill=search,stall=0"
     for timing in ("step", "calibrated"):
         a = simulate(inst, make_policy("topas-rollout:max_stages=0"), timing=timing)
@@ -121,7 +122,7 @@ def test_a_narrow_rollout_is_a_rollout_over_its_first_bases_alone(inst):
     # each continued by each of them, without alternatives or perturbations: the full
     # rollout of a spec that has those bases only and none of the rest, run for run, in
     # both timing modes, with arrivals and prediction errors.
-    first_two = "+".join(DEFAULT_BASES.split("+")[:2])
+    first_two = "+".join(split_outside(DEFAULT_BASES, "+")[:2])
     for timing in ("step", "calibrated"):
         alone = Rollout(bases=first_two, alternatives=0, variants=False, max_stages=1000)
         a = simulate(inst, make_policy(NARROW), timing=timing)
@@ -177,6 +178,9 @@ def test_bad_parameters_are_refused():
         ("topas-rollout:bases=", "bases"),
         ("topas-rollout:bases=lpm+topas", "first base must be a TOPAS"),
         ("topas-rollout:bases=topas+topas-rollout", "cannot be a base"),
+        ("topas-rollout:bases=(topas:drain=0+lpm", "unmatched '\\('"),
+        ("topas-rollout:bases=topas:drain=0)+lpm", "unmatched '\\)'"),
+        ("topas-rollout:bases=topas:drain=0,stall=0+lpm", "unknown parameter 'stall'"),
         ("topas-rollout:max_stages=-1", "max_stages"),
         ("topas-rollout:narrow_stages=-1", "narrow_stages"),
         ("topas-rollout:narrow_bases=0", "narrow_bases"),
@@ -184,6 +188,20 @@ def test_bad_parameters_are_refused():
     ):
         with pytest.raises(InputError, match=what):
             ready(spec, inst)
+
+
+def test_a_base_with_parameters_of_its_own_goes_in_parentheses():
+    # The default bases, written out in a spec, build the same bases as the default; the
+    # parentheses keep a base's commas from splitting the rollout's own parameters
+    spec = f"topas-rollout:cross=0,bases={DEFAULT_BASES},max_stages=8"
+    written, default = make_policy(spec), Rollout(cross=False, max_stages=8)
+    default.check()
+    names = ["topas:fill=search,stall=0", "topas-greedy", "lpm", "parrot-fcfs"]
+    assert [p.name for p in written.policies] == [p.name for p in default.policies] == names
+    assert written.policies[0] == default.policies[0] == make_policy("topas:fill=search,stall=0")
+    assert (written.cross, written.max_stages) == (False, 8)
+    nested = make_policy("topas-rollout:bases=(topas:drain=0,stall=0)+(lpm)")
+    assert [p.name for p in nested.policies] == ["topas:drain=0,stall=0", "lpm"]
 
 
 def test_it_serves_a_starving_stage_as_topas_does():

@@ -224,7 +224,7 @@ def test_invariants_in_both_timing_modes(inst):
     # debug=True re-checks every invariant after every event: KV within capacity, every
     # running stage's prefix resident, deps before starts, each stage once
     specs = ("topas", "topas:soon=1", "topas:jit=1", "topas:age_form=excess", "topas:drain=0")
-    specs += ("topas:drain_running=0", "topas:stall=1")
+    specs += ("topas:drain_running=0", "topas:stall=1", "topas:drain_load=1")
     for timing, spec in itertools.product(("step", "calibrated"), specs):
         sched = simulate(inst, make_policy(spec), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
@@ -617,6 +617,54 @@ def test_drain_switches_keep_a_prefix_in_use_or_credit_only_its_prompt():
     assert scores["topas"] == pytest.approx(d_s + 5 * late)
     assert scores["topas:drain_running=0"] == pytest.approx(d_s + 4 * late)
     assert scores["topas:drain=0"] is None
+
+
+def c_waits_for_a_drain() -> tuple:
+    """Capacity 10,000, the step model over the fast link. A's 4,000-token prompt is
+    resident, its stage a0/s runs (1,000 tokens of KV, 10 of its 550 steps left) and a1/s
+    waits; C's 6,000-token prompt is absent and four one-stage tasks of C wait. Every
+    stage is 500 + 500 = 1,000 tokens. Free: 10,000 - 4,000 - 1,000 = 5,000, less than C's
+    prompt, so C can come in only once A drains (a0 ends, A's prompt goes)."""
+    tasks = [task("a0", 0, stage("s", "A", 500, 500)), task("a1", 0, stage("s", "A", 500, 500))]
+    tasks += [task(f"c{i}", 0, stage("s", "C", 500, 500)) for i in range(4)]
+    inst = make({"A": 4000, "C": 6000}, tasks, capacity=10_000, load=FAST_LINK)
+    state = released(inst)
+    make_resident(state, "A")
+    apply_inplace(state, Decision(admit=(("a0", "s"),)))
+    state.running[("a0", "s")].started_at = state.time - 540.0
+    state.running[("a0", "s")].generated = 490
+    return inst, state
+
+
+def test_drain_load_waits_for_a_drain_to_bring_a_prompt_in():
+    # By hand (D = 550 s, the predicted service of every stage; g = 1 at age 0):
+    # - R' = {A} admits a1, whose agent runs a stage now: 2 D (visit weight) = 1,100.
+    # - R' = {A, C} does not fit: 5,000 - 6,000 < 0, and nothing drains.
+    # - R' = {C} drains A (a0 ends in T = 10 s: A's prompt and a0's KV, 5,000 tokens).
+    #   By default it does not fit either (the load needs 6,000 now, 5,000 are free), so
+    #   TOPAS keeps A. With drain_load=1 C's prompt waits for the drain: of the 10,000
+    #   tokens then free, 6,000 hold C's prompt and 4,000 its four stages, each credited
+    #   at 1 - T / D; less J_move: c(A) = 1 s for a1's task, which waits for A, and c(C) =
+    #   1 s for each of the four tasks that wait for C's load. 4 (1 - 10/550) D - 5 = 2,155.
+    # Nothing can start now: nothing is loaded, evicted (A is in use) or admitted, and a1
+    # is held (A is outside R').
+    inst, state = c_waits_for_a_drain()
+    default = ready("topas", inst)
+    d = default.decide(state)
+    assert d.admit == (("a1", "s"),) and default._kept == ("A",)
+    policy = ready("topas:drain_load=1", inst)
+    rnd = policy._round(state)
+    assert policy._mean_svc == pytest.approx(550.0) and rnd.drain_s == {"A": pytest.approx(10.0)}
+    assert policy._pack(state, rnd, ("A", "C")) is None
+    assert policy._pack(state, rnd, ("A",)).score == pytest.approx(1100.0)
+    assert policy._pack(state, rnd, ("C",)).score == pytest.approx(4 * (550.0 - 10.0) - 5.0)
+    assert default._pack(state, default._round(state), ("C",)) is None
+    d = policy.decide(state)
+    assert (d.admit, d.load, d.evict, d.held) == ((), (), (), (("a1", "s"),))
+    assert policy._kept == ("C",)
+    # and the whole run, under every invariant (debug), serves C once A has drained
+    sched = simulate(inst, make_policy("topas:drain_load=1"), timing="step", debug=True)
+    assert len(sched.runs) == inst.num_stages
 
 
 RECOMPUTE_COST = {

@@ -52,3 +52,38 @@ def coerce(value: Any, kind: type, optional: bool = False) -> Any:
     elif kind is str and isinstance(value, str):
         return value
     raise ValueError(f"{value!r} is not a valid {kind.__name__}")
+
+
+def split_outside(text: str, sep: str) -> list[str]:
+    """``text`` split on ``sep`` where it stands outside parentheses, so that a value can
+    carry a nested spec: ``"bases=(topas:fill=search,stall=0)+lpm,cross=0"`` split on
+    ``","`` keeps the parenthesised spec whole. Pieces are not stripped. Raises
+    :class:`ValueError` on an unbalanced parenthesis."""
+    pieces, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unmatched ')' in {text!r}")
+        elif ch == sep and depth == 0:
+            pieces.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unmatched '(' in {text!r}")
+    pieces.append(text[start:])
+    return pieces
+
+
+def unwrap(text: str) -> str:
+    """``text`` stripped, without one pair of parentheses around the whole of it:
+    ``" (topas:drain=0) "`` -> ``"topas:drain=0"``; ``"(a)+(b)"`` is left as it is."""
+    text = text.strip()
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    try:
+        split_outside(text[1:-1], ",")  # balanced inside: the pair encloses the whole
+    except ValueError:
+        return text
+    return text[1:-1].strip()

@@ -2,7 +2,9 @@
 
 A spec is ``name`` or ``name:key=value,key=value`` for a registered policy, or
 ``package.module:Class[:key=value,...]`` for a user's own class. Packages can also
-register policies under the entry-point group ``topas.policies``.
+register policies under the entry-point group ``topas.policies``. A value that holds a
+spec with parameters of its own goes in parentheses, which keep its commas:
+``topas-rollout:bases=(topas:fill=search,stall=0)+lpm,cross=0``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from topas.errors import InputError
-from topas.params import coerce
+from topas.params import coerce, split_outside
 from topas.policies.base import Policy, PolicyContext, admit_in_order
 from topas.policies.baselines import ATLAS, CPF, FCFS, LAS, LPM, SPF, KVFlow, ParrotFCFS
 from topas.policies.greedy import TOPASGreedy
@@ -134,7 +136,7 @@ def _parse_params(cls: type[Policy], params: str, spec: str) -> dict[str, Any]:
         else {}
     )
     out: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in params.split(","))):
+    for item in filter(None, (p.strip() for p in _split(params, spec))):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq:
@@ -149,6 +151,15 @@ def _parse_params(cls: type[Policy], params: str, spec: str) -> dict[str, Any]:
 
 
 _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _split(text: str, spec: str) -> list[str]:
+    """``text`` split on the commas outside parentheses; an unbalanced one is the spec's
+    error."""
+    try:
+        return split_outside(text, ",")
+    except ValueError as e:
+        raise PolicySpecError(f"policy spec {spec!r}: {e}") from None
 
 
 def _field_kind(field: dataclasses.Field) -> type:
@@ -184,9 +195,10 @@ def split_specs(text: str) -> list[str]:
     """Split a comma-separated list of policy specs, keeping a spec's own parameters:
     ``"topas:reuse=0,aging=0,lpm"`` -> ``["topas:reuse=0,aging=0", "lpm"]`` (a piece
     ``key=value``, its key a plain name, continues the previous spec's parameters, even
-    where the value names specs itself: ``bases=topas+topas:drain=0``)."""
+    where the value names specs itself: ``bases=topas+topas:drain=0``; commas inside
+    parentheses split nothing: ``bases=(topas:fill=search,stall=0)+lpm``)."""
     out: list[str] = []
-    for piece in (p.strip() for p in text.split(",")):
+    for piece in (p.strip() for p in _split(text, text)):
         if not piece:
             continue
         if out and _PARAMETER.match(piece) and ":" in out[-1]:

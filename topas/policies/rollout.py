@@ -49,11 +49,12 @@ from dataclasses import dataclass
 
 from topas.errors import InputError
 from topas.instance import StageRef
+from topas.params import split_outside, unwrap
 from topas.policies.base import Policy, PolicyContext
 from topas.policies.search import TOPAS
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
-DEFAULT_BASES = "topas:fill=search,stall=0+topas-greedy+lpm+parrot-fcfs"
+DEFAULT_BASES = "(topas:fill=search,stall=0)+topas-greedy+lpm+parrot-fcfs"
 """The base policies of ``topas-rollout`` (docs/topas.md has how they were chosen). Its
 TOPAS is the one it was tuned and measured with, before ``fill=auto`` and ``stall=1``
 became TOPAS's defaults (2026-12-07); they change nothing over a host link or in the step
@@ -71,7 +72,8 @@ choice is the one that running every rollout to its end makes."""
 class Rollout(Policy):
     """TOPAS with a rollout over candidate decisions (module doc)."""
 
-    bases: str = DEFAULT_BASES  # registered policy specs joined by "+"; the first is TOPAS
+    bases: str = DEFAULT_BASES  # registered policy specs joined by "+", one with parameters
+    # of its own in parentheses (a spec's commas split its parameters); the first is TOPAS
     cross: bool = True  # every base continues every candidate (else only its proposer)
     alternatives: int = 4  # TOPAS's next-best post-decision states among the candidates
     variants: bool = True  # perturbations of TOPAS's decision among the candidates
@@ -86,7 +88,10 @@ class Rollout(Policy):
         a fresh set for each run, built once."""
         from topas.policies import make_policy
 
-        names = [n.strip() for n in self.bases.split("+")]
+        try:
+            names = [unwrap(n) for n in split_outside(self.bases, "+")]
+        except ValueError as e:
+            raise InputError(f"bases: {e}") from None
         if not all(names):
             raise InputError(f"bases: expected policy specs joined by '+', got {self.bases!r}")
         if min(self.max_stages, self.alternatives, self.narrow_stages) < 0:

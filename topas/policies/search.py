@@ -56,7 +56,14 @@ The budget of a pack is the post-decision one: a dropped prefix whose stages sti
 returns its memory, and theirs, when they finish; stages that fit only in that drained
 memory count at ``max(0, 1 - T / D)`` (``T``: when the drain ends) and are admitted by a
 later decision. Without this a myopic score never drains a busy prompt: keeping it admits
-at least as much now. With ``retract=1`` a dropped prefix's running stages may instead be
+at least as much now. With ``drain_load=1`` (off by default; docs/topas.md, "Loading into
+drained memory") a prompt of ``R'`` that does not fit now may wait for that drained
+memory too: the set is a candidate where its loads fit once the drains end, nothing of it
+starts now (the memory free now is kept for the load), and its stages that fit in what
+the drains leave beside the load count at ``max(0, 1 - T / D)``, each task of the loaded
+agent charged ``c(a)`` for the load it then waits for. Without it a prompt larger than the
+free memory comes in only once stages of the resident agents stop being admitted, which
+the pack never chooses. With ``retract=1`` a dropped prefix's running stages may instead be
 retracted at once, for ``J_redo`` (the service they have had) and ``J_revoke`` (their
 admission credit); off by default (docs/topas.md has the measurements). When decode
 memory runs out, the victim is the running stage of least ``J_redo + J_revoke``.
@@ -527,6 +534,7 @@ class TOPAS(Policy):
     fill: str = "auto"  # who admits within the chosen R': its pack, topas-greedy's pass,
     # or auto (the pass where a load is a prefill sharing the GPU, else the pack)
     stall: bool = True  # recompute: a load also costs its time once per running stage
+    drain_load: bool = False  # a prompt may wait for drained memory (loaded once it ends)
     name = "topas"
 
     def check(self) -> None:
@@ -863,7 +871,9 @@ class TOPAS(Policy):
         a dropped prefix whose stages still run (it drains) returns its memory, and theirs,
         when they finish. Stages that fit now are admitted; those that fit only in the
         drained memory are credited at ``drain_credit`` (they start once the drain ends,
-        ``T`` seconds from now: ``max(0, 1 - T / D)``) and admitted by a later decision."""
+        ``T`` seconds from now: ``max(0, 1 - T / D)``) and admitted by a later decision.
+        With ``drain_load`` a set whose loads fit only in that drained memory is scored
+        too: the loads take it first, and nothing starts now."""
         keep = agents if isinstance(agents, frozenset) else frozenset(agents)
         if rnd.pinned is not None and rnd.pinned not in keep:
             return None
@@ -908,8 +918,12 @@ class TOPAS(Policy):
             j_move += cost[a] * rnd.waiting_tasks.get(a, 0)  # l_out: they wait for it
             if stalled and (rnd.waiting_tasks.get(a, 0) or hops.get(a, 0)):
                 j_move += cost[a] * stalled  # and the batch, when it is brought back
+        deferred = False  # drain_load: the loads wait for the drain (no stage starts now)
         if not rnd.loads_fit(free):
-            return None
+            if not (self.drain_load and loaded and rnd.loads_fit(free + drained)):
+                return None
+            deficit = min(0, rnd.free) - free
+            free, drained, deferred = free + deficit, drained - deficit, True
         later = self._later(drain_s) if drained else 0.0
         # the stages of R' best first: a merge of the agents' queues by rank (ranks are
         # unique), read lazily: each agent's best stage from ``heads`` (every agent's, in
@@ -973,6 +987,8 @@ class TOPAS(Policy):
                 j_admit += later * value
                 drained -= need
                 late += 1
+                if deferred and rnd.status[a] is PrefixStatus.ABSENT:  # it waits for the load
+                    moved.setdefault(a, set()).add(ref[0])
         for a in loaded:  # l_in: the tasks that wait for it (prefetch: none)
             j_move += cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
