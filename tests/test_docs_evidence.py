@@ -1699,13 +1699,19 @@ def test_drain_load_reporting_figures_match_their_runs(topas_md: str) -> None:
     for folder, topas, switch in (
         ("replication/drain_load_seeds20", "-0.6/0/-1.8/0", "-0.7/0/-1.6/0"),
         ("replication/drain_load_seeds40", "+1.9/2/-1.3/1", "+2.0/1/-1.8/1"),
+        ("replication/drain_load_seeds50", "+0.1/1/-0.9/1", "+0.3/0/-1.3/1"),
+        ("paper_noise_drain_load_0.5", "-3.7/3/-6.0/3", "-4.6/3/-8.3/3"),
     ):
         rows = specs(summary(folder))
         for spec, want in (("topas", topas), (SWITCH, switch)):
             got = rows[spec][1:]
             assert "/".join((got[0], got[1].split("/")[0], got[2], got[3].split("/")[0])) == want
+    assert search_against_scorer("replication/drain_load_seeds50", SWITCH, "topas")[:2] == (0, 0)
     assert search_against_scorer("replication/drain_load_seeds20", SWITCH, "topas")[:2] == (1, 0)
     assert search_against_scorer("replication/drain_load_seeds40", SWITCH, "topas")[:2] == (0, 0)
+    assert search_against_scorer("paper_noise_drain_load_0.5", SWITCH, "topas")[:2] == (1, 9)
+    assert shared_runs("paper_noise_drain_load_0.5", "paper_noise_0.5") == 1350
+    assert shared_runs("replication/drain_load_seeds50", "replication/compare_seeds50") >= 1000
     assert shared_runs("replication/drain_load_seeds20", "compare", policy="topas") == 100
     assert shared_runs("replication/drain_load_seeds40", "replication/compare_seeds40") >= 500
 
