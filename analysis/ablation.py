@@ -3,7 +3,8 @@
 Part A (ablation): full TOPAS and each variant with one term switched off
 (``topas:progress=0``, ``move=0``, ``reuse=0``, ``redo=0``, ``revoke=0``, ``aging=0``,
 ``reserve=0``, ``visit=0``), the search without a choice of residency (``search=all``),
-without drains (``drain=0``), without the drain discount (``drain_discount=0``) or with
+without drains (``drain=0``), without the drain discount (``drain_discount=0``), without
+a prompt waiting for drained memory (``drain_load=0``) or with
 voluntary retraction (``retract=1``), and TOPAS-base (``topas-base``) at one (high) load
 factor; per workload the change in mean and p99 JCT of each variant against full TOPAS,
 paired over seeds (mean of variant / full - 1, in %, with a 95% CI, Student t with n-1

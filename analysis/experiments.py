@@ -65,9 +65,10 @@ REPORT_SEED_START = 20
 SEEDS_HELP = "N (the first N reporting seeds, 20 onwards) or a comma list (one seed: 'S,')"
 ABLATION_TERMS = ("progress", "move", "reuse", "redo", "revoke", "aging", "reserve", "visit")
 """The weights of ``topas``'s score (topas/policies/search.py) that the ablation switches off."""
-ABLATION_MODES = ("search=all", "drain=0", "drain_discount=0", "retract=1")
+ABLATION_MODES = ("search=all", "drain=0", "drain_discount=0", "drain_load=0", "retract=1")
 """Switches of the search itself: no choice of residency; no drains (a prefix in use
-stays in R'); drained memory at full credit; voluntary retraction on (off by default:
+stays in R'); drained memory at full credit; no prompt waiting for drained memory (a set
+whose loads do not fit now is no candidate); voluntary retraction on (off by default:
 with it off, ``redo=0`` and ``revoke=0`` change only the victim order when decode memory
 runs out)."""
 

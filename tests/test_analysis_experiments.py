@@ -347,9 +347,9 @@ def test_ablation_end_to_end(tmp_path: Path) -> None:
     assert {p.name for p in out.iterdir()} == files
     rows = _csv_rows(out / "runs.csv")
     # full TOPAS, one variant per term (progress, move, reuse, redo, revoke, aging,
-    # reserve, visit), four search switches and topas-base + 3 sweep policies x 2
+    # reserve, visit), five search switches and topas-base + 3 sweep policies x 2
     # sigmas, less full TOPAS at sigma 0 (shared), per seed
-    assert len(rows) == 2 * (14 + 3 * 2 - 1)
+    assert len(rows) == 2 * (15 + 3 * 2 - 1)
     summary = (out / "summary.md").read_text()
     assert summary == r.stdout
     assert "### metagpt-tl" in summary and "load factor 1.2" in summary

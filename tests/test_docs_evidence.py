@@ -468,7 +468,8 @@ def study_runs(folder: str) -> tuple[dict, list[dict]]:
 def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
     """Every cell of the MetaGPT-SOP table of "On today's five" recomputed from the three
     studies' runs.csv with compare_policies' own comparison, the averages beside it, and
-    the baselines' and ``topas``'s JCTs against the reported comparison's summary."""
+    the baselines' JCTs against the reported comparison's summary (its `topas` has had
+    ``drain_load`` since 2026-12-07; these studies' `topas` is the one of before)."""
     import numpy as np
 
     cp = load_analysis("compare_policies")
@@ -495,13 +496,14 @@ def test_rollout_sop_table_matches_its_runs(topas_md: str) -> None:
                     assert not cp.ex.worse_beyond_ci(c["change"], c["half"]), (load, name)
                 assert row[col] == " / ".join(cells), (load, name)
                 assert row[0] == " / ".join(best), load
-            # the baselines and topas: the reported comparison's JCTs, to 0.1 s
+            # the baselines: the reported comparison's JCTs, to 0.1 s (its last column is
+            # its `topas`)
             for per in ("mean JCT", "p99 JCT"):
                 own = table(section(summary, f"## {per} per policy"), "| workload |")
                 theirs = table(section(reported, f"## {per} per policy"), "| workload |")
                 (a,) = [r for r in own if r[0] == "metagpt-sop" and float(r[1]) == load]
                 (b,) = [r for r in theirs if r[0] == "metagpt-sop" and float(r[1]) == load]
-                assert a[: len(b)] == b, (load, per)
+                assert a[: len(b) - 1] == b[:-1], (load, per)
     assert not docs  # every row of the docs' table has a study
     averaged = [f"{np.mean(changes[f'{n} {m}']):+.1f}" for n in names for m in ("mean", "p99")]
     text = " ".join(bullet.split())
@@ -623,12 +625,24 @@ def test_rollout_today_fresh_seeds_table_matches_its_summaries(topas_md: str) ->
     replication = (DOCS / "results" / "replication" / "compare_seeds40" / "summary.md").read_text()
     for summary in studies:
         for heading in ("## mean JCT per policy", "## p99 JCT per policy"):
-            part = section(summary, heading, until="\n## ")
-            top = next(ln for ln in part.splitlines() if ln.startswith("| workload | load |"))
-            drop = [c.strip() for c in top.strip("|").split("|")].index("topas-rollout")
-            theirs = table(section(replication, heading, until="\n## "), "| workload | load |")
-            for row in table(part, "| workload | load |"):  # every column but the rollout's
-                assert row[:drop] + row[drop + 1 :] in theirs, row
+            theirs = per_policy(section(replication, heading, until="\n## "))
+            ours = per_policy(section(summary, heading, until="\n## "))
+            for name, cells in ours.items():  # every column but the rollout's, renamed
+                if name != "topas-rollout":
+                    theirs_now = theirs[RENAMED.get(name, name)]
+                    assert all(theirs_now[k] == v for k, v in cells.items()), name
+
+
+def per_policy(part: str) -> dict[str, dict[tuple[str, str], str]]:
+    """A "per policy" table of a compare_policies summary: policy -> (workload, load) ->
+    its cell."""
+    top = next(ln for ln in part.splitlines() if ln.startswith("| workload | load |"))
+    names = [c.strip() for c in top.strip("|").split("|")][2:]
+    out: dict[str, dict[tuple[str, str], str]] = {n: {} for n in names}
+    for row in table(part, "| workload | load |"):
+        for name, cell in zip(names, row[2:], strict=True):
+            out[name][row[0], row[1]] = cell
+    return out
 
 
 NARROW = "topas-rollout:narrow_stages=256"
@@ -985,14 +999,21 @@ def by_size_rows() -> list[str]:
 
 def test_by_size_table_matches_its_runs(topas_md: str) -> None:
     """The task-size table of "Which tasks pay for the mean", every cell recomputed, and
-    the two studies' mean JCTs equal, run by run, to the earlier studies of the same
-    instances (the load-1.2 trade study, the SOP-paper frontier study)."""
+    the two studies' baselines' mean JCTs equal, run by run, to the earlier studies of the
+    same instances (the load-1.2 trade study, the SOP-paper frontier study)."""
     text = section(topas_md, "**Which tasks pay for the mean**", until="\n- **")
     start = text.index("| seeds, workload | smallest quarter |")
     lines = [ln.strip() for ln in text[start:].splitlines()[2:9]]
     assert lines == by_size_rows()
-    assert shared_runs("jct_by_size_12", "frontier12_20") >= 40
-    assert shared_runs("jct_by_size_paper12", "sop_frontier") >= 40
+    # the baselines' runs (the earlier studies' `topas` is the one before drain_load):
+    # ten seeds of MetaGPT-TL and mixed at 1.2 (frontier12_20), and of SOP-paper at 1.2
+    for mine, other in (
+        ("jct_by_size_12", "frontier12_20"),
+        ("jct_by_size_paper12", "sop_frontier"),
+    ):
+        assert [shared_runs(mine, other, policy=p) for p in ("spf", "parrot-fcfs", "lpm")] == [
+            10
+        ] * 3
 
 
 def readme_findings() -> str:
@@ -1026,17 +1047,8 @@ def test_readme_findings_match_their_summaries() -> None:
         f"are {cuts[0]} on Chain-3, {cuts[1]} on DAG-4, {cuts[2]} on DAG-10-Wide and "
         f"{cuts[3]} on MetaGPT-TL-paper" in text
     )
-    switch = side_by_side(summary("paper_drain_load"))
-    peaks = [
-        " / ".join(switch[w][i].split(" ± ")[0].lstrip("+") for i in (2, 5)) + "%"
-        for w in ("chain-3", "dag-4", "dag-10-wide", "metagpt-tl-paper")
-    ]
-    assert f"the cuts {peaks[0]}, {peaks[1]}, {peaks[2]} (past the" in text
-    assert f"paper's p99 cut) and {peaks[3]}" in text
-    assert (
-        "tally is {} wins, {} ties and {} losses".format(*_tally(summary("paper_drain_load")))
-        in text
-    )
+    fresh_tally = " / ".join(_tally(summary("replication/paper_seeds30")))
+    assert f"(on fresh seeds 30-39: {fresh_tally}," in text
     sop = ours["metagpt-sop-paper"]
     assert f"its mean is {-float(sop[3]):.0f}% and its p99 {-float(sop[6]):.0f}% above" in text
     assert "{} wins, {} ties, {} losses".format(*_tally(paper)) in text
@@ -1052,7 +1064,7 @@ def test_readme_findings_match_their_summaries() -> None:
         worse_of(specs(summary(f"replication/{folder}"))["topas-greedy"])
         for folder in ("compare_seeds40", "compare_seeds50")
     ]
-    assert f"worse than the best baseline at fewer points ({greedy[0]} and none)" in text
+    assert f"best baseline at as many points or fewer ({greedy[0]} and none)" in text
     assert greedy[1] == 0
     cells = [ln.strip("| ").split(" | ") for ln in by_size_rows()[:5]]  # today's five
     smallest = [float(c[2]) for c in cells]
@@ -1091,6 +1103,11 @@ def test_decision_time_table_matches_its_runs(topas_md: str) -> None:
 
 
 BEFORE = "topas:fill=search,stall=0"  # `topas` before the defaults of 2026-12-07
+BEFORE_NOW = "topas:fill=search,stall=0,drain_load=0"
+"""BEFORE's name in the studies re-written on 2026-12-07 for ``drain_load`` (the same runs)."""
+RENAMED = {"topas": "topas:drain_load=0", BEFORE: BEFORE_NOW}
+"""The names that the specs of studies run before ``drain_load`` became a default have in
+the replications re-written for it (``topas`` then is ``topas:drain_load=0`` now)."""
 
 
 def search_against_scorer(
@@ -1120,26 +1137,31 @@ def search_against_scorer(
 
 def test_third_replication_set_matches_its_runs(topas_md: str) -> None:
     """The ten-seed replication of today's five: the tally of each spec against the best
-    registered baseline, and `topas` against `topas-greedy`, recomputed from its runs."""
+    registered baseline, and each `topas` against `topas-greedy` and the others, recomputed
+    from its runs."""
     folder = "replication/compare_seeds50"
     text = " ".join(
         section(topas_md, "- **A third set, ten seeds", until="\n- **`topas-rollout`").split()
     )
-    topas, greedy, before = (averaged_changes(folder, s) for s in ("topas", "topas-greedy", BEFORE))
-    assert (topas["worse"], greedy["worse"], before["worse"]) == (2, 0, 6)
+    names = ("topas", "topas-greedy", "topas:drain_load=0", BEFORE_NOW)
+    topas, greedy, prev, before = (averaged_changes(folder, s) for s in names)
+    assert (topas["worse"], greedy["worse"], prev["worse"], before["worse"]) == (1, 0, 2, 6)
     assert (
-        f"2026-12-07): {topas['mean']:+.1f}% mean / {topas['p99']:+.1f}% p99 against the best "
-        "baseline averaged over the 20 points, worse beyond the CI at 2 of 40" in text
+        f"2026-12-07, `drain_load=1` among them): {topas['mean']:+.1f}% mean / "
+        f"{topas['p99']:+.1f}% p99 against the best baseline averaged over the 20 points, "
+        "worse beyond the CI at 1 of 40" in text
     )
     assert f"`topas-greedy`: {greedy['mean']:+.1f}% / {greedy['p99']:+.1f}%, worse at none" in text
-    assert f"`{BEFORE}`): {before['mean']:+.1f}% / {before['p99']:+.1f}%, worse at 6 of 40" in text
-    worse, better, mean = search_against_scorer(folder)
-    assert (worse, better) == (0, 2)
-    assert f"`topas-greedy`, paired per point: {mean:+.1f}% mean" in text
-    assert "better beyond the CI at 2 of the 40 (point, metric) cells, worse at none" in text
-    assert search_against_scorer(folder, BEFORE)[:2] == (8, 0)
+    assert f"(`topas:drain_load=0`): {prev['mean']:+.1f}% / {prev['p99']:+.1f}%, worse at 2" in text
+    assert (
+        f"`{BEFORE_NOW}`): {before['mean']:+.1f}% / {before['p99']:+.1f}%, worse at 6 of 40" in text
+    )
+    assert search_against_scorer(folder)[:2] == (0, 0)
+    assert "paired against it `topas` is within the CI at every cell" in text
+    assert search_against_scorer(folder, "topas:drain_load=0")[:2] == (0, 2)
+    assert search_against_scorer(folder, BEFORE_NOW)[:2] == (8, 0)
     assert "worse beyond the CI at 8 cells" in text
-    assert search_against_scorer(folder, "topas", BEFORE)[:2] == (0, 17)
+    assert search_against_scorer(folder, "topas:drain_load=0", BEFORE_NOW)[:2] == (0, 17)
     assert "ahead of it beyond the CI at 17 of the 40 cells, behind at none" in text
 
 
@@ -1164,12 +1186,19 @@ def rollout50_rows() -> list[str]:
 
 def test_rollout_seeds50_table_matches_its_runs(topas_md: str) -> None:
     """The ten-seed rollout table, every cell recomputed, and its runs of the baselines,
-    `topas` and `topas-greedy` equal, run by run, to the ten-seed replication's at 1.2."""
+    `topas` and `topas-greedy` equal, run by run, to the ten-seed replication's at 1.2
+    (whose `topas` of then is its `topas:drain_load=0`)."""
     text = section(topas_md, "- **`topas-rollout` on the ten seeds at load 1.2**", until="\n- **")
     start = text.index("| workload | `topas` | `topas-greedy` | `topas-rollout` |")
     lines = [ln.strip() for ln in text[start:].splitlines()[2:7]]
     assert lines == rollout50_rows()
-    assert shared_runs(ROLLOUT50, "replication/compare_seeds50", load=1.2) == 5 * 10 * 11
+    from topas.policies import BASELINES
+
+    # its runs of the baselines, `topas-greedy` and `topas` (now `topas:drain_load=0`) are
+    # the ten-seed replication's at 1.2
+    for name in (*BASELINES, "topas-greedy", "topas"):
+        as_ = RENAMED.get(name, name)
+        assert renamed_runs(ROLLOUT50, name, "replication/compare_seeds50", as_) == 50, name
 
 
 SHADOW_SPECS = ("topas", "topas:drain=0", "topas-greedy")
@@ -1452,10 +1481,10 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
     assert f"({ex.fmt_change(*tl['mean_jct'][3:])}%, against" in text
     assert f"`topas-greedy`'s {ex.fmt_change(*greedy['mean_jct'][3:])}%)" in text
     # the stall studies ran before the defaults of 2026-12-07: their `topas` is BEFORE,
-    # which the re-run replication studies of the same seeds hold under that name
+    # which the re-written replication studies of the same seeds hold as BEFORE_NOW
     for folder, baselines, before in (
         ("tuning_stall_today", "tuning_fill_today", "topas"),
-        ("replication/stall_seeds50", "replication/compare_seeds50", BEFORE),
+        ("replication/stall_seeds50", "replication/compare_seeds50", BEFORE_NOW),
     ):
         assert renamed_runs(folder, "topas", baselines, before) == 200
         cfg, rows = study_runs(baselines)
@@ -1477,7 +1506,9 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
             assert f"{a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse" in text, spec
         for policy in (*study_runs(other)[0]["baselines"], *others):
             assert renamed_runs(folder, policy, other, policy) > 0, (folder, policy)
-    assert renamed_runs("replication/stall_seeds40", "topas", "replication/compare_seeds40", BEFORE)
+    assert renamed_runs(
+        "replication/stall_seeds40", "topas", "replication/compare_seeds40", BEFORE_NOW
+    )
 
 
 def renamed_runs(mine: str, policy: str, other: str, as_: str) -> int:
@@ -1681,7 +1712,7 @@ def test_drain_load_reporting_figures_match_their_runs(topas_md: str) -> None:
         assert _tally(summary(folder)) == tally
         assert search_against_scorer(folder, SWITCH, "topas", regime_map=False)[:2] == (0, better)
         assert all(q in text for q in quoted), quoted
-        assert_topas_seconds_are(folder, reported)
+        assert_seconds_are(folder, SWITCH, reported)  # the switch, now the default
         losses = [r for r in _loss_rows(summary(folder))]
         assert losses and all(w == "metagpt-sop-paper" for w in losses)
         peaks = side_by_side(summary(folder))
@@ -1694,8 +1725,12 @@ def test_drain_load_reporting_figures_match_their_runs(topas_md: str) -> None:
             "topas": before,
             SWITCH: after,
         }
-    assert gap_mean_max("gap")["topas"] == (1.9, 12.4)
-    assert gap_mean_max("replication/gap_seed2")["topas"] == (2.9, 20.2)
+    # the reported gap studies, re-run with the switch as the default, have its figures
+    assert gap_mean_max("gap")["topas"] == gap_mean_max("replication/gap_drain_load_1")[SWITCH]
+    assert (
+        gap_mean_max("replication/gap_seed2")["topas"]
+        == gap_mean_max("replication/gap_drain_load_2")[SWITCH]
+    )
     for folder, topas, switch in (
         ("replication/drain_load_seeds20", "-0.6/0/-1.8/0", "-0.7/0/-1.6/0"),
         ("replication/drain_load_seeds40", "+1.9/2/-1.3/1", "+2.0/1/-1.8/1"),
@@ -1711,9 +1746,12 @@ def test_drain_load_reporting_figures_match_their_runs(topas_md: str) -> None:
     assert search_against_scorer("replication/drain_load_seeds40", SWITCH, "topas")[:2] == (0, 0)
     assert search_against_scorer("paper_noise_drain_load_0.5", SWITCH, "topas")[:2] == (1, 9)
     assert shared_runs("paper_noise_drain_load_0.5", "paper_noise_0.5") == 1350
-    assert shared_runs("replication/drain_load_seeds50", "replication/compare_seeds50") >= 1000
-    assert shared_runs("replication/drain_load_seeds20", "compare", policy="topas") == 100
-    assert shared_runs("replication/drain_load_seeds40", "replication/compare_seeds40") >= 500
+    assert renamed_runs("replication/drain_load_seeds20", SWITCH, "compare", "topas") == 100
+    for seeds, n in ((40, 100), (50, 200)):  # the replications' runs, renamed
+        mine, other = f"replication/drain_load_seeds{seeds}", f"replication/compare_seeds{seeds}"
+        assert renamed_runs(mine, SWITCH, other, "topas") == n
+        assert renamed_runs(mine, "topas", other, "topas:drain_load=0") == n
+        assert renamed_runs(mine, "topas-greedy", other, "topas-greedy") == n
 
 
 def _loss_rows(summary_text: str) -> list[str]:
@@ -1726,12 +1764,12 @@ def _loss_rows(summary_text: str) -> list[str]:
     return out
 
 
-def assert_topas_seconds_are(folder: str, reported: str) -> None:
-    """The mean and p99 JCT of `topas` in a ``reproduce_paper.py`` study's runs, averaged
-    over its seeds at each point, are the TOPAS seconds of the reported study's per-load
-    tables (which keep no runs.csv): the same runs."""
+def assert_seconds_are(folder: str, policy: str, reported: str) -> None:
+    """The mean and p99 JCT of ``policy`` in a ``reproduce_paper.py`` study's runs,
+    averaged over its seeds at each point, are the TOPAS seconds of the reported study's
+    per-load tables (which keep no runs.csv): the same runs."""
     _, rows = study_runs(folder)
-    rows = [r for r in rows if r["policy"] == "topas" and not r.get("movement")]
+    rows = [r for r in rows if r["policy"] == policy and not r.get("movement")]
     checked = 0
     for part in summary(reported).split("\n## ")[1:]:
         workload = part.split("\n", 1)[0].strip()

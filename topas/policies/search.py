@@ -56,17 +56,19 @@ The budget of a pack is the post-decision one: a dropped prefix whose stages sti
 returns its memory, and theirs, when they finish; stages that fit only in that drained
 memory count at ``max(0, 1 - T / D)`` (``T``: when the drain ends) and are admitted by a
 later decision. Without this a myopic score never drains a busy prompt: keeping it admits
-at least as much now. With ``drain_load=1`` (off by default; docs/topas.md, "Loading into
-drained memory") a prompt of ``R'`` that does not fit now may wait for that drained
-memory too: the set is a candidate where its loads fit once the drains end, nothing of it
-starts now (the memory free now is kept for the load), and its stages that fit in what
-the drains leave beside the load count at ``max(0, 1 - T / D)``, each task of the loaded
-agent charged ``c(a)`` for the load it then waits for. Without it a prompt larger than the
-free memory comes in only once stages of the resident agents stop being admitted, which
-the pack never chooses. With ``retract=1`` a dropped prefix's running stages may instead be
-retracted at once, for ``J_redo`` (the service they have had) and ``J_revoke`` (their
-admission credit); off by default (docs/topas.md has the measurements). When decode
-memory runs out, the victim is the running stage of least ``J_redo + J_revoke``.
+at least as much now. With ``drain_load=1`` (the default since 2026-12-07;
+docs/topas.md, "Loading into drained memory") a prompt of ``R'`` that does not fit now
+may wait for that drained memory too: the set is a candidate where its loads fit once
+the drains end, nothing of it starts now (the memory free now is kept for the load), and
+its stages that fit in what the drains leave beside the load count at ``max(0, 1 - T /
+D)``, each task of the loaded agent charged ``c(a)`` for the load it then waits for.
+Without it a prompt larger than the free memory comes in only once stages of the
+resident agents stop being admitted, which the pack never chooses. It does nothing with
+``retract=1`` (the two together thrashed). With ``retract=1`` a dropped prefix's running
+stages may instead be retracted at once, for ``J_redo`` (the service they have had) and
+``J_revoke`` (their admission credit); off by default (docs/topas.md has the
+measurements). When decode memory runs out, the victim is the running stage of least
+``J_redo + J_revoke``.
 
 With at most ``enumerate_max`` (M) active agents every subset is scored; otherwise a
 lazy greedy search from the current residency takes single moves (add or drop one agent)
@@ -534,7 +536,7 @@ class TOPAS(Policy):
     fill: str = "auto"  # who admits within the chosen R': its pack, topas-greedy's pass,
     # or auto (the pass where a load is a prefill sharing the GPU, else the pack)
     stall: bool = True  # recompute: a load also costs its time once per running stage
-    drain_load: bool = False  # a prompt may wait for drained memory (loaded once it ends)
+    drain_load: bool = True  # a prompt may wait for drained memory (loaded once it ends)
     name = "topas"
 
     def check(self) -> None:
@@ -919,8 +921,8 @@ class TOPAS(Policy):
             if stalled and (rnd.waiting_tasks.get(a, 0) or hops.get(a, 0)):
                 j_move += cost[a] * stalled  # and the batch, when it is brought back
         deferred = False  # drain_load: the loads wait for the drain (no stage starts now)
-        if not rnd.loads_fit(free):
-            if not (self.drain_load and loaded and rnd.loads_fit(free + drained)):
+        if not rnd.loads_fit(free):  # with retract, memory comes back by retraction instead
+            if self.retract or not (self.drain_load and loaded and rnd.loads_fit(free + drained)):
                 return None
             deficit = min(0, rnd.free) - free
             free, drained, deferred = free + deficit, drained - deficit, True
