@@ -1115,12 +1115,10 @@ def search_against_scorer(
 ) -> tuple[int, int, float]:
     """``spec`` against ``other`` over a study's points, paired per seed: the (point,
     metric) cells worse and better beyond the CI, and the mean JCT change averaged.
-    ``regime_map=False`` leaves out a ``reproduce_paper.py`` study's regime-map runs (those
-    with a ``movement``), which share a workload and loads with its comparison."""
+    ``regime_map=False`` leaves out a ``reproduce_paper.py`` study's regime-map runs
+    (``default_budget_rows``), which share a workload and loads with its comparison."""
     ex = load_analysis("compare_policies").ex
-    cfg, rows = study_runs(folder)
-    if not regime_map:
-        rows = [r for r in rows if not r.get("movement")]
+    cfg, rows = study_runs(folder) if regime_map else default_budget_rows(folder)
     worse = better = 0
     means = []
     for w in cfg["workloads"]:
@@ -1527,12 +1525,16 @@ def renamed_runs(mine: str, policy: str, other: str, as_: str) -> int:
     return n
 
 
-def default_budget_rows(folder: str, loads: tuple[float, ...]) -> tuple[dict, list[dict]]:
-    """A paper-setting study's config (narrowed to ``loads``) and its runs at those loads
-    on the default KV budget (``reproduce_paper.py`` adds regime-map runs at others)."""
+def default_budget_rows(
+    folder: str, loads: tuple[float, ...] | None = None
+) -> tuple[dict, list[dict]]:
+    """A paper-setting study's config (narrowed to ``loads``, by default its own) and its
+    runs at those loads on the default KV budget (``reproduce_paper.py`` adds regime-map
+    runs at others)."""
     from collections import Counter
 
     cfg, rows = study_runs(folder)
+    loads = tuple(cfg["loads"]) if loads is None else loads
     kv = Counter(r["kv_capacity_tokens"] for r in rows).most_common(1)[0][0]
     rows = [r for r in rows if r["load"] in loads and r["kv_capacity_tokens"] == kv]
     return {**cfg, "loads": list(loads)}, rows
@@ -1768,8 +1770,8 @@ def assert_seconds_are(folder: str, policy: str, reported: str) -> None:
     """The mean and p99 JCT of ``policy`` in a ``reproduce_paper.py`` study's runs,
     averaged over its seeds at each point, are the TOPAS seconds of the reported study's
     per-load tables (which keep no runs.csv): the same runs."""
-    _, rows = study_runs(folder)
-    rows = [r for r in rows if r["policy"] == policy and not r.get("movement")]
+    _, rows = default_budget_rows(folder)  # not the regime map's
+    rows = [r for r in rows if r["policy"] == policy]
     checked = 0
     for part in summary(reported).split("\n## ")[1:]:
         workload = part.split("\n", 1)[0].strip()
