@@ -1145,17 +1145,18 @@ def test_third_replication_set_matches_its_runs(topas_md: str) -> None:
     topas, greedy, prev, before = (averaged_changes(folder, s) for s in names)
     assert (topas["worse"], greedy["worse"], prev["worse"], before["worse"]) == (1, 0, 2, 6)
     assert (
-        f"2026-12-07, `drain_load=1` among them): {topas['mean']:+.1f}% mean / "
-        f"{topas['p99']:+.1f}% p99 against the best baseline averaged over the 20 points, "
-        "worse beyond the CI at 1 of 40" in text
+        f"2026-12-07, `drain_load=1` and the hold of a waiting load among them): "
+        f"{topas['mean']:+.1f}% mean / {topas['p99']:+.1f}% p99 against the best baseline "
+        "averaged over the 20 points, worse beyond the CI at 1 of 40" in text
     )
     assert f"`topas-greedy`: {greedy['mean']:+.1f}% / {greedy['p99']:+.1f}%, worse at none" in text
     assert f"(`topas:drain_load=0`): {prev['mean']:+.1f}% / {prev['p99']:+.1f}%, worse at 2" in text
     assert (
         f"`{BEFORE_NOW}`): {before['mean']:+.1f}% / {before['p99']:+.1f}%, worse at 6 of 40" in text
     )
-    assert search_against_scorer(folder)[:2] == (0, 0)
-    assert "paired against it `topas` is within the CI at every cell" in text
+    assert search_against_scorer(folder)[:2] == (1, 3)
+    assert "paired against it `topas` is better beyond the CI at 3 cells" in text
+    assert "and worse at 1 (MetaGPT-TL's mean at 1.2, +2.3 ± 1.2%)" in text
     assert search_against_scorer(folder, "topas:drain_load=0")[:2] == (0, 2)
     assert search_against_scorer(folder, BEFORE_NOW)[:2] == (8, 0)
     assert "worse beyond the CI at 8 cells" in text
@@ -1509,20 +1510,30 @@ def test_stall_figures_match_their_runs(topas_md: str) -> None:
     )
 
 
-def renamed_runs(mine: str, policy: str, other: str, as_: str) -> int:
-    """How many runs of ``policy`` in committed study ``mine`` study ``other`` also has,
-    under the name ``as_`` (same workload, load and seed), each asserted to have the same
-    mean and p99 JCT in both."""
+def matched_runs(mine: str, policy: str, other: str, as_: str) -> tuple[int, int]:
+    """The runs of ``policy`` in committed study ``mine`` that study ``other`` also has,
+    under the name ``as_`` (same workload, load and seed): how many have the same mean and
+    p99 JCT in both, and how many differ."""
     runs = {
         (r["workload"], r["load"], r["seed"]): r for r in study_runs(other)[1] if r["policy"] == as_
     }
-    n = 0
+    same = differ = 0
     for r in study_runs(mine)[1]:
-        if r["policy"] == policy and (r["workload"], r["load"], r["seed"]) in runs:
-            theirs = runs[r["workload"], r["load"], r["seed"]]
-            assert (r["mean_jct"], r["p99_jct"]) == (theirs["mean_jct"], theirs["p99_jct"])
-            n += 1
-    return n
+        theirs = runs.get((r["workload"], r["load"], r["seed"]))
+        if r["policy"] == policy and theirs is not None:
+            if (r["mean_jct"], r["p99_jct"]) == (theirs["mean_jct"], theirs["p99_jct"]):
+                same += 1
+            else:
+                differ += 1
+    return same, differ
+
+
+def renamed_runs(mine: str, policy: str, other: str, as_: str) -> int:
+    """How many runs of ``policy`` in committed study ``mine`` study ``other`` also has,
+    under the name ``as_``, each asserted to have the same mean and p99 JCT in both."""
+    same, differ = matched_runs(mine, policy, other, as_)
+    assert differ == 0, (mine, policy, other, as_, differ)
+    return same
 
 
 def default_budget_rows(
@@ -1748,12 +1759,19 @@ def test_drain_load_reporting_figures_match_their_runs(topas_md: str) -> None:
     assert search_against_scorer("replication/drain_load_seeds40", SWITCH, "topas")[:2] == (0, 0)
     assert search_against_scorer("paper_noise_drain_load_0.5", SWITCH, "topas")[:2] == (1, 9)
     assert shared_runs("paper_noise_drain_load_0.5", "paper_noise_0.5") == 1350
-    assert renamed_runs("replication/drain_load_seeds20", SWITCH, "compare", "topas") == 100
-    for seeds, n in ((40, 100), (50, 200)):  # the replications' runs, renamed
-        mine, other = f"replication/drain_load_seeds{seeds}", f"replication/compare_seeds{seeds}"
-        assert renamed_runs(mine, SWITCH, other, "topas") == n
-        assert renamed_runs(mine, "topas", other, "topas:drain_load=0") == n
-        assert renamed_runs(mine, "topas-greedy", other, "topas-greedy") == n
+    # the switch's runs were the reported `topas` until a waiting load held the kept
+    # agents' stages, which changed most of them (a recompute: the pass no longer fills
+    # the memory kept for the load); every other spec's runs are the same runs, renamed
+    for mine, other, changed in (
+        ("replication/drain_load_seeds20", "compare", (18, 82)),
+        ("replication/drain_load_seeds40", "replication/compare_seeds40", (15, 85)),
+        ("replication/drain_load_seeds50", "replication/compare_seeds50", (43, 157)),
+    ):
+        assert matched_runs(mine, SWITCH, other, "topas") == changed
+        if other != "compare":
+            n = sum(changed)
+            assert renamed_runs(mine, "topas", other, "topas:drain_load=0") == n
+            assert renamed_runs(mine, "topas-greedy", other, "topas-greedy") == n
 
 
 def _loss_rows(summary_text: str) -> list[str]:

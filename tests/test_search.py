@@ -666,6 +666,58 @@ def test_drain_load_waits_for_a_drain_to_bring_a_prompt_in():
     assert len(sched.runs) == inst.num_stages
 
 
+def c_waits_beside_an_idle_prompt() -> tuple:
+    """:func:`c_waits_for_a_drain` with capacity 11,000, C's prompt 6,500 tokens, and a
+    third agent E: its 1,000-token prompt resident and idle, one task e0 of 50 + 50 tokens
+    waiting. Free: 11,000 - 4,000 - 1,000 - 1,000 = 5,000: e0 fits now, C's prompt only
+    once A drains."""
+    tasks = [task("a0", 0, stage("s", "A", 500, 500)), task("a1", 0, stage("s", "A", 500, 500))]
+    tasks += [task(f"c{i}", 0, stage("s", "C", 500, 500)) for i in range(4)]
+    tasks.append(task("e0", 0, stage("s", "E", 50, 50)))
+    inst = make({"A": 4000, "C": 6500, "E": 1000}, tasks, capacity=11_000, load=FAST_LINK)
+    state = released(inst)
+    make_resident(state, "A", "E")
+    apply_inplace(state, Decision(admit=(("a0", "s"),)))
+    state.running[("a0", "s")].started_at = state.time - 540.0
+    state.running[("a0", "s")].generated = 490
+    return inst, state
+
+
+@pytest.mark.parametrize("fill", ["search", "greedy"])
+def test_while_a_load_waits_for_a_drain_nothing_starts(fill):
+    # By hand: D = the mean predicted service = (6 x 550 + 55) / 7 = 479.29 s, and each
+    # stage's credit is D (a one-stage task's cut when it starts now rather than D later),
+    # twice for a1 (A runs a stage: visit weight). A drains in T = 10 s, returning 5,000.
+    # - R' = {A, E}: a1 and e0 fit now: 2 D + D = 1,437.86.
+    # - R' = {C}: E's unused prompt is dropped (6,000 free), C's load still needs 500 more:
+    #   it waits; of the 5,000 drained, 500 go to the load, four c stages take 4,000, each
+    #   at 1 - T / D; J_move: 1 s for a1 (A), 1 for e0 (E) and 4 for the c tasks (C):
+    #   4 (D - 10) - 6 = 1,871.14.
+    # - R' = {C, E}: C's load needs 1,500 of the drained memory; the 3,500 left take three
+    #   c stages and e0 at 1 - T / D; J_move 1 + 3: 4 (D - 10) - 4 = 1,873.14, the best.
+    # The winner's load waits for the drain, so nothing starts now: e0, which fits in the
+    # memory free now, is held beside a1 (that memory is C's), by the pack (fill=search)
+    # and by the single pass (fill=greedy), whose filling would otherwise admit it. C's
+    # stages are not held: an engine that admits on its own (SGLang's) then starts them,
+    # and loads C's prompt with them, once the memory is there.
+    inst, state = c_waits_beside_an_idle_prompt()
+    policy = ready(f"topas:fill={fill}", inst)
+    rnd = policy._round(state)
+    d_s = (6 * 550 + 55) / 7
+    assert policy._mean_svc == pytest.approx(d_s)
+    for agents, score in (
+        (("A", "E"), 3 * d_s),
+        (("C",), 4 * (d_s - 10) - 6),
+        (("C", "E"), 4 * (d_s - 10) - 4),
+    ):
+        assert policy._pack(state, rnd, agents).score == pytest.approx(score)
+    assert policy._pack(state, rnd, ("C", "E")).waits == ("C",)
+    d = policy.decide(state)
+    assert policy._kept == ("C", "E")
+    assert (d.admit, d.load, d.evict) == ((), (), ())
+    assert d.held == (("a1", "s"), ("e0", "s"))
+
+
 RECOMPUTE_COST = {
     "kind": "linear",
     "base_s": 1.0,
@@ -830,15 +882,31 @@ def test_fill_auto_follows_the_timing_mode_on_a_hand_built_state():
 class InsideKept(TOPAS):
     """TOPAS that checks each decision against its kept set ``R'``: it admits only stages
     of agents in ``R'``, holds every waiting stage of the others, and never both admits
-    and holds a stage."""
+    and holds a stage. Where the winning pack's loads wait for a drain (``drain_load``),
+    nothing starts (but a starving stage served first) and every waiting stage is held
+    but those of the agents to load."""
+
+    waits: tuple[str, ...] = ()
+    deferred = 0  # decisions whose loads waited for a drain
+
+    def _commit(self, state, rnd, best, plan, pinned=None, record=True):  # type: ignore[no-untyped-def]
+        if record:
+            self.waits = best.waits
+        return super()._commit(state, rnd, best, plan, pinned, record)
 
     def decide(self, state):  # type: ignore[no-untyped-def]
+        self.waits = ()
         d = super().decide(state)
         kept = set(self._kept)
         assert {state.agent_of(ref) for ref in d.admit} <= kept
         assert not set(d.admit) & set(d.held) and len(set(d.held)) == len(d.held)
         outside = {ref for ref in state.waiting if state.agent_of(ref) not in kept}
         assert outside <= set(d.held)
+        if self.waits:
+            self.deferred += 1
+            assert self.reserving or not (d.admit or d.load)
+            rest = {r for r in state.waiting if state.agent_of(r) not in self.waits}
+            assert rest - set(d.admit) <= set(d.held)
         return d
 
 

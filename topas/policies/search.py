@@ -59,9 +59,10 @@ later decision. Without this a myopic score never drains a busy prompt: keeping 
 at least as much now. With ``drain_load=1`` (the default since 2026-12-07;
 docs/topas.md, "Loading into drained memory") a prompt of ``R'`` that does not fit now
 may wait for that drained memory too: the set is a candidate where its loads fit once
-the drains end, nothing of it starts now (the memory free now is kept for the load), and
-its stages that fit in what the drains leave beside the load count at ``max(0, 1 - T /
-D)``, each task of the loaded agent charged ``c(a)`` for the load it then waits for.
+the drains end, nothing of it starts now (the memory free now is kept for the load: the
+decision admits nothing and holds every waiting stage but the loaded agents'), and its
+stages that fit in what the drains leave beside the load count at ``max(0, 1 - T / D)``,
+each task of the loaded agent charged ``c(a)`` for the load it then waits for.
 Without it a prompt larger than the free memory comes in only once stages of the
 resident agents stop being admitted, which the pack never chooses. It does nothing with
 ``retract=1`` (the two together thrashed). With ``retract=1`` a dropped prefix's running
@@ -413,6 +414,8 @@ class _Pack:
     score: float
     changes: int  # prefixes that change residency: |R' xor R_t|
     retract: tuple[StageRef, ...] = ()  # running stages of dropped prefixes, stopped now
+    waits: tuple[str, ...] = ()  # drain_load: absent agents of R' whose loads wait for the
+    # drained memory (then nothing starts now)
 
     def beats(self, other: _Pack | None) -> bool:
         """A higher score; among equal scores (1e-9 s), fewer residency changes."""
@@ -994,7 +997,8 @@ class TOPAS(Policy):
         for a in loaded:  # l_in: the tasks that wait for it (prefetch: none)
             j_move += cost[a] * max(self._prefetch_charge, len(moved.get(a, ())))
         score = self.progress * j_admit - self.move * j_move + self.reuse * v_reuse - j_retract
-        return _Pack(keep, admitted, credit, score, len(changed), tuple(retract))
+        waits = tuple(loaded) if deferred else ()
+        return _Pack(keep, admitted, credit, score, len(changed), tuple(retract), waits)
 
     def _early(self, rnd: _Round, due_s: float, agent: str) -> bool:
         """``jit``: loading ``agent`` now for a next hop due in ``due_s`` would be early:
@@ -1219,9 +1223,12 @@ class TOPAS(Policy):
     ) -> Decision:
         """The decision for ``best`` on top of ``plan`` (which may already admit a starving
         stage of agent ``pinned``): unused prefixes outside ``R'`` evicted, the pack
-        admitted, absent prefixes of ``R'`` loaded, the other agents' stages held. With
-        ``record`` (a decision taken, not an alternative) the admissions' credits and the
-        kept set are remembered."""
+        admitted, absent prefixes of ``R'`` loaded, the other agents' stages held. Where the
+        pack's loads wait for drained memory (``drain_load``) nothing starts now: nothing
+        is admitted, by the pack or the filler, and every waiting stage but those of the
+        agents to load is held, so that an engine that admits on its own (SGLang's) keeps
+        that memory for the loads too. With ``record`` (a decision taken, not an
+        alternative) the admissions' credits and the kept set are remembered."""
         credit = self._credit if record else {}
         keep = best.agents | ({pinned} if pinned else set())
         for ref in best.retract:
@@ -1230,7 +1237,9 @@ class TOPAS(Policy):
             if a not in keep:
                 plan.do_evict(a)
         filled: tuple[StageRef, ...] = ()
-        if self._filler is None:
+        if best.waits:
+            pass  # drain_load: what is free now is kept for the loads; nothing starts
+        elif self._filler is None:
             self._admit_pack(state, rnd, best, plan, credit)
         else:
             before = len(plan.admit)
@@ -1244,7 +1253,8 @@ class TOPAS(Policy):
             self._kept = tuple(sorted(keep))
         view = self._view
         assert view is not None
-        held = filled + tuple(view.held(a for a in view.agents if a not in keep))
+        out = keep.difference(best.waits) if best.waits else frozenset()
+        held = filled + tuple(view.held(a for a in view.agents if a not in keep or a in out))
         return dataclasses.replace(plan.decision(), held=held)
 
     @staticmethod

@@ -289,6 +289,56 @@ def test_hold_back_never_idles_the_server():
     assert queue_order([w, plain], obs, hold, idle=True) == ([w, plain], [])
 
 
+@pytest.fixture
+def drain_case():
+    """A's 1,000-token prompt is cached and its stage a0/s (8 in, 4 out) runs; E's
+    100-token prompt is cached and idle, e0/s (8 in, 4 out) waits; C's 1,500-token prompt
+    is absent and four C stages (8 in, 300 out) wait. KV 2,112 tokens: 1,000 are free, so
+    C's prompt comes in only once A drains (a0 ends within its 4 tokens)."""
+    PROMPTS.update(A=list(range(20_000, 21_000)), E=list(range(30_000, 30_100)),
+                   C=list(range(40_000, 41_500)))  # fmt: skip
+    a0 = Task("a0", 0.0, (Stage("s", "A", 8, 4),))
+    e0 = Task("e0", 0.0, (Stage("s", "E", 8, 4),))
+    cs = [Task(f"c{i}", 0.0, (Stage("s", "C", 8, 300),)) for i in range(4)]
+    yield a0, e0, cs, 2112
+    for agent in ("A", "E", "C"):
+        del PROMPTS[agent]
+
+
+@pytest.mark.parametrize("spec", ["topas", "topas:drain_load=0"])
+def test_a_load_waiting_for_a_drain_keeps_its_memory_in_sglang(drain_case, spec):
+    # TOPAS (the search) drops A, whose stage ends soon, keeps E and lets C's prompt wait
+    # for the memory A returns (drain_load, the default): nothing may start now, so e0,
+    # which would fit in the 1,000 tokens free, is held, and C's stages go first, which
+    # SGLang's own adder cannot fit yet (it stops there, as when memory runs out). Once A
+    # has drained they fit, and their prefill loads C's prompt. Without drain_load, C
+    # cannot come in: TOPAS keeps A and E, holds C's stages and e0 starts.
+    a0, e0, cs, kv = drain_case
+    cache = make_cache("topas", kv=kv)
+    controller = controller_of(cache)
+    controller.policy_spec = spec
+    cache_prompt(cache, PROMPTS["A"])
+    cache_prompt(cache, PROMPTS["E"])
+    match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", PROMPTS["A"]))))
+    cache.inc_lock_ref(match.last_device_node)  # a0 runs on A's prompt: not evictable
+    policy = schedule_policy(cache)
+    teach = [stage_req(Task(f"k{a}", 0.0, (Stage("s", a, 4, 1),)), "s") for a in ("A", "E")]
+    _queue(policy, teach)  # the scheduler sees both cached prompts
+    run = stage_req(a0, "s")
+    waiting = [stage_req(e0, "s"), *(stage_req(t, "s") for t in cs)]
+    queue = _queue(policy, waiting, ScheduleBatch(reqs=[run]))
+    c_rids = [f"c{i}/s" for i in range(4)]
+    for req in queue:
+        req.init_next_round_input(cache)
+    if spec == "topas":
+        assert _rids(queue) == [*c_rids, "e0/s"] and controller.held_rids == {"e0/s"}
+        assert _adder(cache).add_one_req(queue[0], False, None) == AddReqResult.NO_TOKEN
+    else:
+        assert _rids(queue) == ["e0/s", *c_rids] and controller.held_rids == set(c_rids)
+        assert _adder(cache).add_one_req(queue[0], False, None) == AddReqResult.CONTINUE
+    assert _adder(cache).add_one_req(queue[-1], False, None) == AddReqResult.OTHER
+
+
 # ---------------------------------------------------------------------- retention
 
 
