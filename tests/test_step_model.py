@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 from conftest import make, stage, task
 
-from topas.policies import BASELINES, make_policy
+from topas.policies import BASELINES, Policy, make_policy
 from topas.schedule import evaluate
-from topas.simulator import simulate
+from topas.simulator import MAX_PREEMPTIONS, SimulationError, simulate
+from topas.state import Decision
 from topas.verify import verify_step
 
 
@@ -206,3 +207,28 @@ def test_evaluate_derives_prefix_hits_from_the_prefix_intervals():
     live = dataclasses.replace(sched, timing="live", prefixes=[])
     live.runs = [dataclasses.replace(r, prefix_hit=True) for r in sched.runs]
     assert prefix_hits(live) == [True, True]
+
+
+class StartStop(Policy):
+    """Starts the waiting stage, stops it at the next consultation, starts it again...:
+    a livelock. It asks to be consulted again at once (the step model's next step, the
+    calibrated engine's next iteration), before the stage has made any progress."""
+
+    name = "start-stop"
+
+    def decide(self, state):  # type: ignore[no-untyped-def]
+        wake = state.time + 1e-4
+        if state.running:
+            return Decision(preempt=tuple(sorted(state.running)), wake_at=wake)
+        return Decision(admit=tuple(sorted(state.waiting))[:1], wake_at=wake)
+
+
+@pytest.mark.parametrize("timing", ["step", "calibrated"])
+def test_a_livelock_fails_the_run_instead_of_running_for_ever(timing):
+    # The stage takes 1 + 50 = 51 steps (or a prefill and 50 decode iterations) and is
+    # stopped before it makes progress, so it never ends. The engine gives up once one
+    # stage has been stopped MAX_PREEMPTIONS times, in well under a second.
+    inst = make({"a": 10}, [task("t0", 0, stage("s", "a", 5, 50))], capacity=100)
+    with pytest.raises(SimulationError, match=r"'start-stop'.*t0/s stopped 10000 times"):
+        simulate(inst, StartStop(), timing=timing)
+    assert MAX_PREEMPTIONS == 10_000
