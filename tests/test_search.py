@@ -718,6 +718,30 @@ def test_while_a_load_waits_for_a_drain_nothing_starts(fill):
     assert d.held == (("a1", "s"), ("e0", "s"))
 
 
+def test_a_starving_stage_served_first_is_never_also_held():
+    # The state above, but e0's task released 1,000 s before the others (t = 1,000 now):
+    # it has waited 1,000 s, over twice the mean age (1,000 / 7) and a mean task's path, so
+    # it starves and is admitted first (it fits), E kept. The search then still prefers
+    # to wait for A's drain to load C: from the 4,900 tokens free and the 5,000 A returns,
+    # C's 6,500 leave 3,400, three c stages at 1 - T / D, less J_move 1 + 3: 3 (D - 10) - 4
+    # = 1,403.9 against 2 D = 958.6 for R' = {A, E}. Nothing else starts, and every other
+    # waiting stage is held, but not e0, which the decision admits (a SGLang round that
+    # found it both admitted and held gave up TOPAS's order).
+    inst, state = c_waits_beside_an_idle_prompt()
+    tasks = [dict(t, arrival=0.0 if t["id"] == "e0" else 1000.0) for t in inst.to_dict()["tasks"]]
+    inst = make({"A": 4000, "C": 6500, "E": 1000}, tasks, capacity=11_000, load=FAST_LINK)
+    state = released(inst)
+    make_resident(state, "A", "E")
+    apply_inplace(state, Decision(admit=(("a0", "s"),)))
+    state.running[("a0", "s")].started_at = state.time - 540.0
+    state.running[("a0", "s")].generated = 490
+    policy = ready("topas", inst)
+    d = policy.decide(state)
+    assert policy.reserving and policy._kept == ("C", "E")
+    assert (d.admit, d.load, d.evict) == ((("e0", "s"),), (), ())
+    assert d.held == (("a1", "s"),)
+
+
 RECOMPUTE_COST = {
     "kind": "linear",
     "base_s": 1.0,
@@ -883,8 +907,9 @@ class InsideKept(TOPAS):
     """TOPAS that checks each decision against its kept set ``R'``: it admits only stages
     of agents in ``R'``, holds every waiting stage of the others, and never both admits
     and holds a stage. Where the winning pack's loads wait for a drain (``drain_load``),
-    nothing starts (but a starving stage served first) and every waiting stage is held
-    but those of the agents to load."""
+    no stage starts (but a starving stage served first), only those agents' prompts may
+    load (one that fits in the memory free now starts at once), and every waiting stage
+    is held but those of the agents to load."""
 
     waits: tuple[str, ...] = ()
     deferred = 0  # decisions whose loads waited for a drain
@@ -904,7 +929,7 @@ class InsideKept(TOPAS):
         assert outside <= set(d.held)
         if self.waits:
             self.deferred += 1
-            assert self.reserving or not (d.admit or d.load)
+            assert (self.reserving or not d.admit) and set(d.load) <= set(self.waits)
             rest = {r for r in state.waiting if state.agent_of(r) not in self.waits}
             assert rest - set(d.admit) <= set(d.held)
         return d

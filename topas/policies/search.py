@@ -1255,6 +1255,9 @@ class TOPAS(Policy):
         assert view is not None
         out = keep.difference(best.waits) if best.waits else frozenset()
         held = filled + tuple(view.held(a for a in view.agents if a not in keep or a in out))
+        if out and plan.admit:  # a starving stage admitted first (pinned) is not held
+            admitted = set(plan.admit)
+            held = tuple(r for r in held if r not in admitted)
         return dataclasses.replace(plan.decision(), held=held)
 
     @staticmethod
