@@ -14,7 +14,11 @@ Needs SGLang: run it in ``.venv-sglang``.
 
     .venv-sglang/bin/python analysis/sglang_in_the_loop.py [--workloads ...]
         [--tasks 20] [--load 1.2] [--kv-scale 1] [--seeds 5] [--token-scale 1]
-        [--offload] [--out results/sglang_in_the_loop]
+        [--offload] [--policies SPECS] [--out results/sglang_in_the_loop]
+
+``--policies`` replays each instance once more per spec with the plugin planning that
+spec in the scheduler (rows ``plugin:SPEC``), in a second table paired against ``lru`` and
+against the plugin's default.
 
 Writes summary.md (paired changes of TOPAS against plain SGLang, 95% CI over seeds) and
 runs.csv, and prints the summary (about 2 minutes with the defaults on 2 cores, after
@@ -39,6 +43,7 @@ import experiments as ex  # noqa: E402
 
 MODES = ("lru", "topas")  # plain SGLang, then the plugin
 OFFLOAD = "topas-offload"  # the plugin planning in a planner process (--offload)
+SPEC = "plugin:"  # a mode that runs the plugin with another policy spec (--policies)
 METRICS = ("mean_jct", "p99_jct", "hit_rate")
 
 
@@ -56,7 +61,10 @@ def run_one(
     inst = generate(workload, num_tasks=tasks, seed=seed, load=load, token_scale=token_scale)
     kv = int(inst.server.kv_capacity_tokens * kv_scale)
     start = time.perf_counter()
-    r = replay(inst, mode.removesuffix("-offload"), kv_tokens=kv, offload=mode == OFFLOAD)
+    if mode.startswith(SPEC):  # the plugin, planning in the scheduler, with that spec
+        r = replay(inst, "topas", kv_tokens=kv, policy_spec=mode.removeprefix(SPEC))
+    else:
+        r = replay(inst, mode.removesuffix("-offload"), kv_tokens=kv, offload=mode == OFFLOAD)
     wall = time.perf_counter() - start
     stats = r.stats
     return {
@@ -95,7 +103,35 @@ def summary(rows: Sequence[dict], command: str) -> str:
         header += ["planner process: mean JCT s (change)", "p99 JCT s (change)"]
         for cells, w in zip(body, dict.fromkeys(r["workload"] for r in rows), strict=True):
             cells += offload_cells(ex.select(rows, workload=w))
-    return f"`{command}`\n\n" + md_table(header, body) + "\n"
+    text = f"`{command}`\n\n" + md_table(header, body) + "\n"
+    specs = [p for p in dict.fromkeys(r["policy"] for r in rows) if p.startswith(SPEC)]
+    if specs:
+        text += "\n" + spec_table(rows, specs)
+    return text
+
+
+def spec_table(rows: Sequence[dict], modes: Sequence[str]) -> str:
+    """The plugin with each other spec (``--policies``), paired against SGLang as it ships
+    (``lru``) and against the plugin's default spec (``topas``), per workload."""
+    body = []
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        point = ex.select(rows, workload=w)
+        for mode in modes:
+            cells = [w, f"`{mode.removeprefix(SPEC)}`"]
+            for m in METRICS[:2]:
+                mine = ex.fmt_s(ex.mean_of(ex.select(point, policy=mode), m))
+                vs = [ex.paired_change(point, {"policy": mode}, {"policy": o}, m) for o in MODES]
+                cells.append(f"{mine} ({'; '.join(ex.fmt_change(c, h) + '%' for c, h in vs)})")
+            own = ex.select(point, policy=mode)
+            cells += [str(sum(r["held"] for r in own)), str(sum(r["fallbacks"] for r in own))]
+            body.append(cells)
+    header = ["workload", "plugin spec", "mean JCT s (vs lru; vs topas)",
+              "p99 JCT s (vs lru; vs topas)", "held", "fallbacks"]  # fmt: skip
+    return (
+        "The plugin with other policy specs (`--policies`), planning in the scheduler, "
+        "paired against SGLang as it ships (`lru`) and against the plugin's default spec "
+        "(`topas` above, `topas-greedy`):\n\n" + md_table(header, body) + "\n"
+    )
 
 
 def offload_cells(point: Sequence[dict]) -> list[str]:
@@ -122,6 +158,11 @@ def main(argv: Sequence[str]) -> int:
         action="store_true",
         help="also replay with the plugin planning in a planner process",
     )
+    p.add_argument(
+        "--policies",
+        default=None,
+        help="other policy specs for the plugin, each replayed too (e.g. topas,topas:drain_load=0)",
+    )
     p.add_argument("--out", default="results/sglang_in_the_loop")
     a = p.parse_args(argv)
     workloads = ex.parse_workloads(a.workloads)
@@ -130,6 +171,7 @@ def main(argv: Sequence[str]) -> int:
     kv_scale = ex.parse_positive_float(a.kv_scale, "--kv-scale")
     seeds = ex.parse_seeds(a.seeds)
     token_scale = ex.parse_positive_float(a.token_scale, "--token-scale")
+    specs = [] if a.policies is None else ex.parse_policies(a.policies, "--policies")
     out = ex.check_out(a.out)
     try:
         from topas_sglang.cpu_loop import load_plugin
@@ -137,6 +179,7 @@ def main(argv: Sequence[str]) -> int:
         raise ex.CliError(f"needs sglang==0.5.23 (run it in .venv-sglang): {e}") from None
     load_plugin()
     modes = (*MODES, OFFLOAD) if a.offload else MODES
+    modes += tuple(SPEC + spec for spec in specs)
     jobs = [(w, s, m) for w in workloads for s in seeds for m in modes]
     rows = [
         run_one(w, tasks, load, kv_scale, s, m, token_scale)

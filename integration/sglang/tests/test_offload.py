@@ -222,9 +222,8 @@ def test_a_replay_with_the_planner_process_completes_and_repeats_itself():
     assert st.lag == 0  # every plan came back before the next round that changed
 
 
-def test_the_in_the_loop_study_adds_a_planner_process_arm(tmp_path):
-    # analysis/sglang_in_the_loop.py --offload: a third replay per seed, paired against
-    # the plugin planning in the scheduler, in its own two columns.
+def _loop_study():  # type: ignore[no-untyped-def]
+    """``analysis/sglang_in_the_loop.py`` as a module (a study script, not a package)."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -234,6 +233,13 @@ def test_the_in_the_loop_study_adds_a_planner_process_arm(tmp_path):
     study = importlib.util.module_from_spec(spec)
     sys.modules["sglang_in_the_loop"] = study
     spec.loader.exec_module(study)
+    return study
+
+
+def test_the_in_the_loop_study_adds_a_planner_process_arm(tmp_path):
+    # analysis/sglang_in_the_loop.py --offload: a third replay per seed, paired against
+    # the plugin planning in the scheduler, in its own two columns.
+    study = _loop_study()
     out = tmp_path / "loop"
     args = ["--workloads", "metagpt-sop", "--tasks", "3", "--seeds", "20,", "--kv-scale",
             "0.5", "--offload", "--out", str(out)]  # fmt: skip
@@ -242,3 +248,24 @@ def test_the_in_the_loop_study_adds_a_planner_process_arm(tmp_path):
     assert "planner process: mean JCT s (change)" in summary
     runs = (out / "runs.csv").read_text()
     assert runs.count("topas-offload") == 1 and runs.count(",lru,") == 1
+
+
+def test_the_in_the_loop_study_replays_other_plugin_specs(tmp_path):
+    # analysis/sglang_in_the_loop.py --policies: one more replay per seed and spec, with
+    # the plugin planning that spec, in a second table against lru and the default.
+    study = _loop_study()
+    out = tmp_path / "loop"
+    args = ["--workloads", "metagpt-sop", "--tasks", "3", "--seeds", "20,", "--kv-scale",
+            "0.5", "--policies", "topas,topas:drain_load=0", "--out", str(out)]  # fmt: skip
+    assert study.main(args) == 0
+    summary = (out / "summary.md").read_text()
+    assert "| metagpt-sop | `topas:drain_load=0` |" in summary
+    runs = (out / "runs.csv").read_text()
+    assert runs.count(",plugin:topas,") == 1 and runs.count(",plugin:topas:drain_load=0,") == 1
+    from topas.workloads import generate
+    from topas_sglang.cpu_loop import CpuLoop
+    from topas_sglang.retention import controller_of
+
+    inst = generate("metagpt-sop", num_tasks=2, seed=20)
+    loop = CpuLoop(inst, "topas", policy_spec="topas:drain_load=0")
+    assert controller_of(loop.cache).policy_spec == "topas:drain_load=0"

@@ -149,6 +149,7 @@ class CpuLoop:
         max_running: int | None = None,
         seed: int = 0,
         offload: bool = False,
+        policy_spec: str | None = None,
     ) -> None:
         self.inst = instance
         self.eviction = eviction
@@ -166,6 +167,8 @@ class CpuLoop:
         self.cache = make_cache(
             eviction, kv, slots, max_context=longest + 8, budget_ms=0, offload=offload
         )
+        if policy_spec is not None and eviction == "topas":  # the plugin's, by default
+            controller_of(self.cache).policy_spec = policy_spec  # topas-greedy
         self.rtp = self.cache.req_to_token_pool
         self.alloc = self.cache.token_to_kv_pool_allocator
         self.policy = SchedulePolicy(schedule_policy, self.cache, False, False, False)
