@@ -138,7 +138,8 @@ def insert_prompt(cache: UnifiedRadixCache, tokens: list[int]) -> None:
 
 
 class CpuLoop:
-    """One replay (see the module docstring)."""
+    """One replay (see the module docstring). ``policy_spec`` is the plugin's policy with
+    ``eviction="topas"`` (default: the plugin's own, ``topas-greedy``)."""
 
     def __init__(
         self,
@@ -167,8 +168,8 @@ class CpuLoop:
         self.cache = make_cache(
             eviction, kv, slots, max_context=longest + 8, budget_ms=0, offload=offload
         )
-        if policy_spec is not None and eviction == "topas":  # the plugin's, by default
-            controller_of(self.cache).policy_spec = policy_spec  # topas-greedy
+        if policy_spec is not None and eviction == "topas":  # else the plugin's default
+            controller_of(self.cache).policy_spec = policy_spec
         self.rtp = self.cache.req_to_token_pool
         self.alloc = self.cache.token_to_kv_pool_allocator
         self.policy = SchedulePolicy(schedule_policy, self.cache, False, False, False)
