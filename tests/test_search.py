@@ -618,21 +618,31 @@ def test_drain_switches_keep_a_prefix_in_use_or_credit_only_its_prompt():
     assert scores["topas:drain=0"] is None
 
 
-def c_waits_for_a_drain() -> tuple:
-    """Capacity 10,000, the step model over the fast link. A's 4,000-token prompt is
-    resident, its stage a0/s runs (1,000 tokens of KV, 10 of its 550 steps left) and a1/s
-    waits; C's 6,000-token prompt is absent and four one-stage tasks of C wait. Every
-    stage is 500 + 500 = 1,000 tokens. Free: 10,000 - 4,000 - 1,000 = 5,000, less than C's
-    prompt, so C can come in only once A drains (a0 ends, A's prompt goes)."""
-    tasks = [task("a0", 0, stage("s", "A", 500, 500)), task("a1", 0, stage("s", "A", 500, 500))]
-    tasks += [task(f"c{i}", 0, stage("s", "C", 500, 500)) for i in range(4)]
-    inst = make({"A": 4000, "C": 6000}, tasks, capacity=10_000, load=FAST_LINK)
+def a0_near_its_end(agents: dict, capacity: int, e0_first: bool = False) -> tuple:
+    """Over the fast link, step model: tasks a0 and a1 (agent A) and c0-c3 (agent C), every
+    stage 500 + 500 = 1,000 tokens, and where ``agents`` has E, e0 (agent E, 50 + 50). All
+    arrive at 0, or with ``e0_first`` e0 at 0 and the others at 1,000. The prompts of A
+    (and E) are resident and a0/s runs, 10 of its 550 steps left."""
+    late = 1000.0 if e0_first else 0.0
+    tasks = [task(t, late, stage("s", "A", 500, 500)) for t in ("a0", "a1")]
+    tasks += [task(f"c{i}", late, stage("s", "C", 500, 500)) for i in range(4)]
+    if "E" in agents:
+        tasks.append(task("e0", 0, stage("s", "E", 50, 50)))
+    inst = make(agents, tasks, capacity=capacity, load=FAST_LINK)
     state = released(inst)
-    make_resident(state, "A")
+    make_resident(state, *(a for a in ("A", "E") if a in agents))
     apply_inplace(state, Decision(admit=(("a0", "s"),)))
     state.running[("a0", "s")].started_at = state.time - 540.0
     state.running[("a0", "s")].generated = 490
     return inst, state
+
+
+def c_waits_for_a_drain() -> tuple:
+    """Capacity 10,000: A's 4,000-token prompt is resident, a0/s runs (1,000 tokens of KV)
+    and a1/s waits; C's 6,000-token prompt is absent and its four tasks wait. Free:
+    10,000 - 4,000 - 1,000 = 5,000, less than C's prompt, so C can come in only once A
+    drains (a0 ends, A's prompt goes)."""
+    return a0_near_its_end({"A": 4000, "C": 6000}, 10_000)
 
 
 def test_drain_load_waits_for_a_drain_to_bring_a_prompt_in():
@@ -666,21 +676,12 @@ def test_drain_load_waits_for_a_drain_to_bring_a_prompt_in():
     assert len(sched.runs) == inst.num_stages
 
 
-def c_waits_beside_an_idle_prompt() -> tuple:
+def c_waits_beside_an_idle_prompt(e0_first: bool = False) -> tuple:
     """:func:`c_waits_for_a_drain` with capacity 11,000, C's prompt 6,500 tokens, and a
     third agent E: its 1,000-token prompt resident and idle, one task e0 of 50 + 50 tokens
     waiting. Free: 11,000 - 4,000 - 1,000 - 1,000 = 5,000: e0 fits now, C's prompt only
-    once A drains."""
-    tasks = [task("a0", 0, stage("s", "A", 500, 500)), task("a1", 0, stage("s", "A", 500, 500))]
-    tasks += [task(f"c{i}", 0, stage("s", "C", 500, 500)) for i in range(4)]
-    tasks.append(task("e0", 0, stage("s", "E", 50, 50)))
-    inst = make({"A": 4000, "C": 6500, "E": 1000}, tasks, capacity=11_000, load=FAST_LINK)
-    state = released(inst)
-    make_resident(state, "A", "E")
-    apply_inplace(state, Decision(admit=(("a0", "s"),)))
-    state.running[("a0", "s")].started_at = state.time - 540.0
-    state.running[("a0", "s")].generated = 490
-    return inst, state
+    once A drains (with ``e0_first``, e0's task has waited 1,000 s, the others none)."""
+    return a0_near_its_end({"A": 4000, "C": 6500, "E": 1000}, 11_000, e0_first)
 
 
 @pytest.mark.parametrize("fill", ["search", "greedy"])
@@ -727,14 +728,7 @@ def test_a_starving_stage_served_first_is_never_also_held():
     # = 1,403.9 against 2 D = 958.6 for R' = {A, E}. Nothing else starts, and every other
     # waiting stage is held, but not e0, which the decision admits (a SGLang round that
     # found it both admitted and held gave up TOPAS's order).
-    inst, state = c_waits_beside_an_idle_prompt()
-    tasks = [dict(t, arrival=0.0 if t["id"] == "e0" else 1000.0) for t in inst.to_dict()["tasks"]]
-    inst = make({"A": 4000, "C": 6500, "E": 1000}, tasks, capacity=11_000, load=FAST_LINK)
-    state = released(inst)
-    make_resident(state, "A", "E")
-    apply_inplace(state, Decision(admit=(("a0", "s"),)))
-    state.running[("a0", "s")].started_at = state.time - 540.0
-    state.running[("a0", "s")].generated = 490
+    inst, state = c_waits_beside_an_idle_prompt(e0_first=True)
     policy = ready("topas", inst)
     d = policy.decide(state)
     assert policy.reserving and policy._kept == ("C", "E")
@@ -912,7 +906,6 @@ class InsideKept(TOPAS):
     is held but those of the agents to load."""
 
     waits: tuple[str, ...] = ()
-    deferred = 0  # decisions whose loads waited for a drain
 
     def _commit(self, state, rnd, best, plan, pinned=None, record=True):  # type: ignore[no-untyped-def]
         if record:
@@ -928,7 +921,6 @@ class InsideKept(TOPAS):
         outside = {ref for ref in state.waiting if state.agent_of(ref) not in kept}
         assert outside <= set(d.held)
         if self.waits:
-            self.deferred += 1
             assert (self.reserving or not d.admit) and set(d.load) <= set(self.waits)
             rest = {r for r in state.waiting if state.agent_of(r) not in self.waits}
             assert rest - set(d.admit) <= set(d.held)
