@@ -14,11 +14,12 @@ Needs SGLang: run it in ``.venv-sglang``.
 
     .venv-sglang/bin/python analysis/sglang_in_the_loop.py [--workloads ...]
         [--tasks 20] [--load 1.2] [--kv-scale 1] [--seeds 5] [--token-scale 1]
-        [--offload] [--policies SPECS] [--out results/sglang_in_the_loop]
+        [--offload] [--policies SPECS] [--tuning] [--out results/sglang_in_the_loop]
 
 ``--policies`` replays each instance once more per spec with the plugin planning that
 spec in the scheduler (rows ``plugin:SPEC``), in a second table paired against ``lru`` and
-against the plugin's default.
+against the plugin's default. Tuning seeds (1000 on) are refused unless ``--tuning`` (a
+run for choosing defaults; its summary says so), as by every other study.
 
 Writes summary.md (paired changes of TOPAS against plain SGLang, 95% CI over seeds) and
 runs.csv, and prints the summary (about 2 minutes with the defaults on 2 cores, after
@@ -79,7 +80,7 @@ def run_one(
     }  # fmt: skip
 
 
-def summary(rows: Sequence[dict], command: str) -> str:
+def summary(rows: Sequence[dict], command: str, tuning: bool = False) -> str:
     body = []
     for w in dict.fromkeys(r["workload"] for r in rows):
         point = ex.select(rows, workload=w)
@@ -103,7 +104,8 @@ def summary(rows: Sequence[dict], command: str) -> str:
         header += ["planner process: mean JCT s (change)", "p99 JCT s (change)"]
         for cells, w in zip(body, dict.fromkeys(r["workload"] for r in rows), strict=True):
             cells += offload_cells(ex.select(rows, workload=w))
-    text = f"`{command}`\n\n" + md_table(header, body) + "\n"
+    text = f"`{command}`\n\n" + "\n".join(ex.tuning_lines({"tuning": tuning}))
+    text += md_table(header, body) + "\n"
     specs = [p for p in dict.fromkeys(r["policy"] for r in rows) if p.startswith(SPEC)]
     if specs:
         text += "\n" + spec_table(rows, specs)
@@ -163,13 +165,14 @@ def main(argv: Sequence[str]) -> int:
         default=None,
         help="other policy specs for the plugin, each replayed too (e.g. topas,topas:drain_load=0)",
     )
+    p.add_argument("--tuning", action="store_true", help="allow tuning seeds (to choose defaults)")
     p.add_argument("--out", default="results/sglang_in_the_loop")
     a = p.parse_args(argv)
     workloads = ex.parse_workloads(a.workloads)
     tasks = ex.parse_positive_int(a.tasks, "--tasks")
     load = ex.parse_positive_float(a.load, "--load")
     kv_scale = ex.parse_positive_float(a.kv_scale, "--kv-scale")
-    seeds = ex.parse_seeds(a.seeds)
+    seeds = ex.study_seeds(a)
     token_scale = ex.parse_positive_float(a.token_scale, "--token-scale")
     specs = [] if a.policies is None else ex.parse_policies(a.policies, "--policies")
     out = ex.check_out(a.out)
@@ -186,7 +189,7 @@ def main(argv: Sequence[str]) -> int:
         for w, s, m in tqdm(jobs, desc="replays")
     ]
     command = "python analysis/sglang_in_the_loop.py " + shlex.join(argv)
-    text = summary(rows, command.strip())
+    text = summary(rows, command.strip(), a.tuning)
     write_outputs(out, {"summary.md": text, "runs.csv": rows_to_csv(rows)})
     print(text)
     return 0

@@ -225,6 +225,7 @@ def test_invariants_in_both_timing_modes(inst):
     # running stage's prefix resident, deps before starts, each stage once
     specs = ("topas", "topas:soon=1", "topas:jit=1", "topas:age_form=excess", "topas:drain=0")
     specs += ("topas:drain_running=0", "topas:stall=1", "topas:drain_load=0")
+    specs += ("topas:token_floor=1",)
     for timing, spec in itertools.product(("step", "calibrated"), specs):
         sched = simulate(inst, make_policy(spec), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
@@ -802,6 +803,36 @@ def test_stall_runs_as_the_default_over_a_host_link(inst):
     # the calibrated model with host swap, and the step model: the same schedule
     for timing in ("step", "calibrated"):
         assert_same_runs(inst, timing, "topas:stall=0", "topas")
+
+
+def test_token_floor_leaves_a_stage_that_outran_its_prediction_time_to_decode():
+    # a0/s (500 in, 500 predicted out) started 540 s ago and has decoded 490 tokens; in
+    # calibrated timing its predicted service S = service_s(500, 500) is a few seconds, so
+    # by the time since it started it ends now (left = max(0, S - 540) = 0). With the
+    # floor it still has 500 - 490 = 10 tokens to decode: 10 x one iteration at the
+    # reference batch, service_s(0, 1). Once it has decoded all 500 (or more) one token
+    # is left; before it decodes, and where the time since it started leaves more, the
+    # floor takes nothing.
+    inst, state = c_waits_for_a_drain()
+    plain, floored = (ready(s, inst, timing="calibrated") for s in ("topas", "topas:token_floor=1"))
+    a0, run = ("a0", "s"), state.running[("a0", "s")]
+    per_token, svc = (floored.ctx.predict.service_s(*io) for io in ((0, 1), (500, 500)))
+    assert svc < 540.0
+    assert plain._round(state).drain_s["A"] == 0.0
+    assert floored._round(state).drain_s["A"] == pytest.approx(10 * per_token)
+    for generated, left in ((500, per_token), (700, per_token), (0, 0.0)):
+        run.generated = generated
+        assert floored._pred.remaining(state, a0, token_floor=True) == pytest.approx(left)
+    run.started_at, run.generated = state.time - 0.001, 10
+    assert floored._pred.remaining(state, a0, token_floor=True) == pytest.approx(svc - 0.001)
+    assert svc - 0.001 > 490 * per_token
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
+def test_token_floor_changes_nothing_in_the_step_model(inst):
+    # the step engine reports no decoded tokens for a running stage: the same schedule
+    assert_same_runs(inst, "step", "topas:token_floor=1", "topas")
 
 
 def assert_same_runs(inst, timing: str, spec: str, other: str) -> None:  # type: ignore[no-untyped-def]

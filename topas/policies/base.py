@@ -101,6 +101,22 @@ class Predictions:
             self.mean_service += (s - self.mean_service) / self._count
         return s
 
+    def remaining(self, state: State, ref: StageRef, token_floor: bool = False) -> float:
+        """Predicted seconds the running stage ``ref`` has left: its predicted service less
+        the time since it started, 0 at the least. With ``token_floor``, at least the
+        decode time of the predicted output tokens it has not decoded yet (one at least,
+        once it decodes: a stage that has outrun its prediction still has a token to go).
+        The step model's running stages report no decoded tokens, so there the floor is
+        never taken."""
+        run = state.running[ref]
+        left = self.service(state, ref)
+        if run.started_at is not None:
+            left = max(0.0, left - (state.time - run.started_at))
+        if token_floor and run.generated:
+            todo = max(1, state.stage(ref).predicted_output - run.generated)
+            left = max(left, self.ctx.predict.service_s(0, todo))
+        return left
+
     def load(self, state: State, agent: str) -> float:
         p = state.prefixes[agent]
         key = (agent, p.host_copy)

@@ -533,10 +533,7 @@ class TOPASGreedy(Policy):
         how many tokens beyond that will be free then."""
         ends = []
         for r, run in state.running.items():
-            left = self._service(state, r)
-            if run.started_at is not None:
-                left = max(0.0, left - (state.time - run.started_at))
-            ends.append((left, run.reserved, state.agent_of(r)))
+            ends.append((self._pred.remaining(state, r), run.reserved, state.agent_of(r)))
         ends.sort()
         users = {a: p.users for a, p in state.prefixes.items() if p.users}
         own = state.agent_of(ref)

@@ -540,6 +540,8 @@ class TOPAS(Policy):
     # or auto (the pass where a load is a prefill sharing the GPU, else the pack)
     stall: bool = True  # recompute: a load also costs its time once per running stage
     drain_load: bool = True  # a prompt may wait for drained memory (loaded once it ends)
+    token_floor: bool = False  # a running stage has at least its undecoded predicted
+    # tokens' decode time left (else its predicted service less its time since it started)
     name = "topas"
 
     def check(self) -> None:
@@ -795,9 +797,7 @@ class TOPAS(Policy):
             rnd.running_refs.setdefault(agent, []).append(ref)
             if self.retract:  # read only by a pack that retracts (_pack's ``revoke``)
                 rnd.revoke_loss[agent] = rnd.revoke_loss.get(agent, 0.0) + self._loss(state, ref)
-            left = self._service(state, ref)
-            if run.started_at is not None:
-                left = max(0.0, left - (state.time - run.started_at))
+            left = self._pred.remaining(state, ref, self.token_floor)
             rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
             if self.soon and left < self._mean_svc:
                 rnd.returns.append((left, run.reserved))

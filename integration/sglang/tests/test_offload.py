@@ -269,3 +269,17 @@ def test_the_in_the_loop_study_replays_other_plugin_specs(tmp_path):
     inst = generate("metagpt-sop", num_tasks=2, seed=20)
     loop = CpuLoop(inst, "topas", policy_spec="topas:drain_load=0")
     assert controller_of(loop.cache).policy_spec == "topas:drain_load=0"
+
+
+def test_the_in_the_loop_study_takes_tuning_seeds_only_with_tuning(tmp_path):
+    # a run for choosing defaults says so in its summary; without --tuning a tuning seed
+    # is refused, as by every other study
+    study = _loop_study()
+    out = tmp_path / "loop"
+    args = ["--workloads", "metagpt-sop", "--tasks", "2", "--seeds", "1000,", "--kv-scale",
+            "0.5", "--out", str(out)]  # fmt: skip
+    with pytest.raises(study.ex.CliError, match="tuning seed"):
+        study.main(args)
+    assert not out.exists()
+    assert study.main([*args, "--tuning"]) == 0
+    assert "**Tuning seeds** (`--tuning`)" in (out / "summary.md").read_text()
