@@ -104,7 +104,7 @@ def summary(rows: Sequence[dict], command: str, tuning: bool = False) -> str:
         header += ["planner process: mean JCT s (change)", "p99 JCT s (change)"]
         for cells, w in zip(body, dict.fromkeys(r["workload"] for r in rows), strict=True):
             cells += offload_cells(ex.select(rows, workload=w))
-    text = f"`{command}`\n\n" + "\n".join(ex.tuning_lines({"tuning": tuning}))
+    text = f"`{command}`\n\n" + "".join(f"{line}\n" for line in ex.tuning_lines({"tuning": tuning}))
     text += md_table(header, body) + "\n"
     specs = [p for p in dict.fromkeys(r["policy"] for r in rows) if p.startswith(SPEC)]
     if specs:

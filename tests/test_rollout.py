@@ -55,12 +55,13 @@ def test_a_rollout_waits_where_topas_drains_a_prompt_it_needs_again():
 
 def test_without_rollouts_it_is_topas():
     # max_stages=0: no rollout is ever made, so every decision is its TOPAS's (its first
-    # base, the TOPAS it was measured with: fill=search, stall=0, drain_load=0)
+    # base, the TOPAS it was measured with: fill=search, stall=0, drain_load=0,
+    # token_floor=0)
     from topas.workloads import small_instance
 
     inst = small_instance("mixed", seed=3000, num_tasks=3)
     first = unwrap(split_outside(DEFAULT_BASES, "+")[0])
-    assert first == "topas:fill=search,stall=0,drain_load=0"
+    assert first == "topas:fill=search,stall=0,drain_load=0,token_floor=0"
     for timing in ("step", "calibrated"):
         a = simulate(inst, make_policy("topas-rollout:max_stages=0"), timing=timing)
         b = simulate(inst, make_policy(first), timing=timing)
@@ -196,7 +197,8 @@ def test_a_base_with_parameters_of_its_own_goes_in_parentheses():
     spec = f"topas-rollout:cross=0,bases={DEFAULT_BASES},max_stages=8"
     written, default = make_policy(spec), Rollout(cross=False, max_stages=8)
     default.check()
-    names = ["topas:fill=search,stall=0,drain_load=0", "topas-greedy", "lpm", "parrot-fcfs"]
+    first = "topas:fill=search,stall=0,drain_load=0,token_floor=0"
+    names = [first, "topas-greedy", "lpm", "parrot-fcfs"]
     assert [p.name for p in written.policies] == [p.name for p in default.policies] == names
     assert written.policies[0] == default.policies[0] == make_policy(names[0])
     assert (written.cross, written.max_stages) == (False, 8)

@@ -28,7 +28,7 @@ from topas.policies.search import (
     scenario_levels,
 )
 from topas.schedule import evaluate
-from topas.simulator import simulate
+from topas.simulator import SimulationError, simulate
 from topas.state import Decision, Phase, TaskInfo, apply_inplace, task_arrives
 from topas.verify import verify_step
 
@@ -225,7 +225,7 @@ def test_invariants_in_both_timing_modes(inst):
     # running stage's prefix resident, deps before starts, each stage once
     specs = ("topas", "topas:soon=1", "topas:jit=1", "topas:age_form=excess", "topas:drain=0")
     specs += ("topas:drain_running=0", "topas:stall=1", "topas:drain_load=0")
-    specs += ("topas:token_floor=1",)
+    specs += ("topas:token_floor=0",)
     for timing, spec in itertools.product(("step", "calibrated"), specs):
         sched = simulate(inst, make_policy(spec), timing=timing, debug=True)
         assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
@@ -814,7 +814,7 @@ def test_token_floor_leaves_a_stage_that_outran_its_prediction_time_to_decode():
     # is left; before it decodes, and where the time since it started leaves more, the
     # floor takes nothing.
     inst, state = c_waits_for_a_drain()
-    plain, floored = (ready(s, inst, timing="calibrated") for s in ("topas", "topas:token_floor=1"))
+    plain, floored = (ready(s, inst, timing="calibrated") for s in ("topas:token_floor=0", "topas"))
     a0, run = ("a0", "s"), state.running[("a0", "s")]
     per_token, svc = (floored.ctx.predict.service_s(*io) for io in ((0, 1), (500, 500)))
     assert svc < 540.0
@@ -831,14 +831,25 @@ def test_token_floor_leaves_a_stage_that_outran_its_prediction_time_to_decode():
 @settings(max_examples=25, deadline=None)
 @given(random_instances(max_tasks=4, max_stages=5))
 def test_token_floor_changes_nothing_in_the_step_model(inst):
-    # the step engine reports no decoded tokens for a running stage: the same schedule
-    assert_same_runs(inst, "step", "topas:token_floor=1", "topas")
+    # in the step model a stage's service is its steps from its start (and the engine
+    # reports no decoded tokens): the floor is never taken, the same schedule
+    assert_same_runs(inst, "step", "topas:token_floor=0", "topas")
 
 
 def assert_same_runs(inst, timing: str, spec: str, other: str) -> None:  # type: ignore[no-untyped-def]
-    """``spec`` and ``other`` run ``inst`` alike: the same runs, stage by stage."""
-    a, b = (simulate(inst, make_policy(s), timing=timing).runs for s in (spec, other))
+    """``spec`` and ``other`` run ``inst`` alike: the same runs, stage by stage, or the
+    same :class:`SimulationError` (``retract=1`` can livelock on a tiny budget, which the
+    engine stops: the two decide alike there too)."""
+    a, b = (runs_or_error(inst, s, timing) for s in (spec, other))
     assert a == b, (timing, spec, other)
+
+
+def runs_or_error(inst, spec: str, timing: str):  # type: ignore[no-untyped-def]
+    """The runs of ``spec`` on ``inst``, or its engine's error without the spec's name."""
+    try:
+        return simulate(inst, make_policy(spec), timing=timing).runs
+    except SimulationError as e:
+        return str(e).replace(repr(spec), "SPEC")
 
 
 @given(random_instances(max_tasks=4, max_stages=5))
@@ -849,6 +860,15 @@ def test_drain_load_is_off_with_voluntary_retraction(inst):
     # retract=1,drain_load=0, in both timing modes.
     for timing in ("step", "calibrated"):
         assert_same_runs(inst, timing, "topas:retract=1", "topas:retract=1,drain_load=0")
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_instances(max_tasks=4, max_stages=5))
+def test_token_floor_is_off_with_voluntary_retraction(inst):
+    # With token_floor the ablation's retract=1 livelocked (MetaGPT-TL, 200 tasks at load
+    # 1.2, seeds 20 and 23: one stage retracted and re-admitted 10,000 times, stopped by
+    # the engine's guard), so the floor does nothing there, as drain_load does nothing
+    assert_same_runs(inst, "calibrated", "topas:retract=1", "topas:retract=1,token_floor=0")
 
 
 class KeepsInUse(TOPAS):

@@ -106,13 +106,14 @@ class Predictions:
         the time since it started, 0 at the least. With ``token_floor``, at least the
         decode time of the predicted output tokens it has not decoded yet (one at least,
         once it decodes: a stage that has outrun its prediction still has a token to go).
-        The step model's running stages report no decoded tokens, so there the floor is
-        never taken."""
+        Not in the step model, where a stage's service is its predicted steps from its
+        start (rule 2: the time-based estimate is the model's own; its engine reports no
+        decoded tokens either)."""
         run = state.running[ref]
         left = self.service(state, ref)
         if run.started_at is not None:
             left = max(0.0, left - (state.time - run.started_at))
-        if token_floor and run.generated:
+        if token_floor and run.generated and not self.ctx.predict.discrete:
             todo = max(1, state.stage(ref).predicted_output - run.generated)
             left = max(left, self.ctx.predict.service_s(0, todo))
         return left

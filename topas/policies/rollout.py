@@ -54,13 +54,15 @@ from topas.policies.base import Policy, PolicyContext
 from topas.policies.search import TOPAS
 from topas.state import Decision, Phase, Planner, PrefixStatus, State
 
-DEFAULT_BASES = "(topas:fill=search,stall=0,drain_load=0)+topas-greedy+lpm+parrot-fcfs"
+DEFAULT_BASES = (
+    "(topas:fill=search,stall=0,drain_load=0,token_floor=0)+topas-greedy+lpm+parrot-fcfs"
+)
 """The base policies of ``topas-rollout`` (docs/topas.md has how they were chosen). Its
-TOPAS is the one it was tuned and measured with, before ``fill=auto``, ``stall=1`` and
-``drain_load=1`` became TOPAS's defaults (2026-12-07). The first two change nothing over
-a host link or in the step model, and with them as its base the rollout was within the CI
-of this one on tuning seeds (docs/topas.md, "The defaults of 2026-12-07"); the rollout
-over a TOPAS with ``drain_load=1`` is not measured."""
+TOPAS is the one it was tuned and measured with, before ``fill=auto``, ``stall=1``,
+``drain_load=1`` and ``token_floor=1`` became TOPAS's defaults (2026-12-07). The first
+two change nothing over a host link or in the step model, and with them as its base the
+rollout was within the CI of this one on tuning seeds (docs/topas.md, "The defaults of
+2026-12-07"); the rollout over a TOPAS with ``drain_load=1`` is not measured."""
 
 CUTOFF_SLACK_S = 1e-6
 """A rollout stops once its JCTs are sure to sum past the best so far plus this much (s).

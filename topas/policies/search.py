@@ -69,7 +69,11 @@ resident agents stop being admitted, which the pack never chooses. It does nothi
 stages may instead be retracted at once, for ``J_redo`` (the service they have had) and
 ``J_revoke`` (their admission credit); off by default (docs/topas.md has the
 measurements). When decode memory runs out, the victim is the running stage of least
-``J_redo + J_revoke``.
+``J_redo + J_revoke``. A drain ends ``T`` seconds from now, when its running stages'
+predicted remaining time has passed; with ``token_floor`` (the default) a stage that has
+begun to decode has at least the decode time of its undecoded predicted tokens left, so
+one that has outrun its prediction does not end "now" (off with ``retract=1``: the two
+together livelocked).
 
 With at most ``enumerate_max`` (M) active agents every subset is scored; otherwise a
 lazy greedy search from the current residency takes single moves (add or drop one agent)
@@ -540,8 +544,9 @@ class TOPAS(Policy):
     # or auto (the pass where a load is a prefill sharing the GPU, else the pack)
     stall: bool = True  # recompute: a load also costs its time once per running stage
     drain_load: bool = True  # a prompt may wait for drained memory (loaded once it ends)
-    token_floor: bool = False  # a running stage has at least its undecoded predicted
-    # tokens' decode time left (else its predicted service less its time since it started)
+    token_floor: bool = True  # a running stage has at least its undecoded predicted
+    # tokens' decode time left (else its predicted service less its time since it
+    # started); off with retract=1, as drain_load is
     name = "topas"
 
     def check(self) -> None:
@@ -582,6 +587,9 @@ class TOPAS(Policy):
         self._prefetch_charge = int(ctx.predict.loads_share_compute)
         # stall: where a load is such a prefill, the batch does not decode while it runs
         self._stalls = self.stall and ctx.predict.loads_share_compute
+        # token_floor does nothing with retract=1: the two together livelocked (the same
+        # stages retracted and re-admitted until the engine's guard stopped the run)
+        self._floors = self.token_floor and not self.retract
         self._filler: TOPASGreedy | None = None
         if self._fills_greedily(ctx):  # its weights follow this spec's; the search serves
             self._filler = TOPASGreedy(  # starving stages, so the filler reserves no memory
@@ -797,7 +805,7 @@ class TOPAS(Policy):
             rnd.running_refs.setdefault(agent, []).append(ref)
             if self.retract:  # read only by a pack that retracts (_pack's ``revoke``)
                 rnd.revoke_loss[agent] = rnd.revoke_loss.get(agent, 0.0) + self._loss(state, ref)
-            left = self._pred.remaining(state, ref, self.token_floor)
+            left = self._pred.remaining(state, ref, self._floors)
             rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
             if self.soon and left < self._mean_svc:
                 rnd.returns.append((left, run.reserved))
