@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -860,6 +861,33 @@ def test_drain_load_is_off_with_voluntary_retraction(inst):
     # retract=1,drain_load=0, in both timing modes.
     for timing in ("step", "calibrated"):
         assert_same_runs(inst, timing, "topas:retract=1", "topas:retract=1,drain_load=0")
+
+
+def test_voluntary_retraction_takes_a_stage_once_at_most():
+    # Found by hypothesis (a 36-token budget, recompute, calibrated timing): with retract=1
+    # t1/s2 was retracted voluntarily and re-admitted without end, the engine's guard
+    # stopping the run at its 10,000th stop (t = 41,735 s). Each retraction frees room for
+    # the other agent's stages, whose admission makes a0's set the better one again. A
+    # stage retracted once is now retracted voluntarily no more (only by decode memory
+    # running out): the run ends, every stage done, no stage stopped more than twice.
+    tasks = [
+        task("t0", 0.5, stage("s0", "a0", 20, 8), stage("s1", "a0", 8, 1),
+             stage("s2", "a1", 10, 1, ("s1",), pred=8), stage("s3", "a0", 10, 2, ("s0",)),
+             stage("s4", "a0", 6, 8, ("s0", "s1", "s2"))),
+        task("t1", 0.0, stage("s0", "a0", 18, 1), stage("s1", "a0", 13, 3),
+             stage("s2", "a0", 11, 4, pred=7), stage("s3", "a0", 19, 6, ("s1",)),
+             stage("s4", "a1", 15, 3, ("s1", "s2"))),
+        task("t2", 0.0, stage("s0", "a1", 1, 1, pred=1)),
+        task("t3", 0.0, stage("s0", "a0", 1, 1)),
+    ]  # fmt: skip
+    cost = {"kind": "linear", "base_s": 1.0, "prefill_token_s": 0.01, "decode_seq_s": 0.05,
+            "kv_token_s": 0.001}  # fmt: skip
+    inst = make({"a0": 8, "a1": 5}, tasks, capacity=36, chunk=4, cost=cost,
+                load={"kind": "recompute"})  # fmt: skip
+    sched = simulate(inst, make_policy("topas:retract=1"), timing="calibrated", debug=True)
+    assert len([r for r in sched.runs if not r.preempted]) == inst.num_stages
+    stops = Counter(r.ref for r in sched.runs if r.preempted)
+    assert max(stops.values(), default=0) <= 2
 
 
 @settings(max_examples=25, deadline=None)

@@ -67,7 +67,8 @@ Without it a prompt larger than the free memory comes in only once stages of the
 resident agents stop being admitted, which the pack never chooses. It does nothing with
 ``retract=1`` (the two together thrashed). With ``retract=1`` a dropped prefix's running
 stages may instead be retracted at once, for ``J_redo`` (the service they have had) and
-``J_revoke`` (their admission credit); off by default (docs/topas.md has the
+``J_revoke`` (their admission credit), each stage once at most (else a stage could be
+retracted and re-admitted without end); off by default (docs/topas.md has the
 measurements). When decode memory runs out, the victim is the running stage of least
 ``J_redo + J_revoke``. A drain ends ``T`` seconds from now, when its running stages'
 predicted remaining time has passed; with ``token_floor`` (the default) a stage that has
@@ -577,6 +578,7 @@ class TOPAS(Policy):
         self._synced_stamp = 0
         self._may_finish: set[str] = set()  # tasks with stages running at the last sync
         self._credit: dict[StageRef, float] = {}
+        self._retracted: set[StageRef] = set()  # retract=1: stages retracted voluntarily
         self._kept: tuple[str, ...] = ()
         self.evaluated = 0  # prefix sets scored by the last decision (for the bench)
         self.reserving = False  # the last decision served a starving stage first
@@ -716,6 +718,7 @@ class TOPAS(Policy):
         if len(self._pred.service_of) > 64 * max(16, len(tasks)):
             self._pred.keep_tasks(tasks)
             self._credit = {r: c for r, c in self._credit.items() if r in state.running}
+            self._retracted = {r for r in self._retracted if r[0] in tasks}
         return view
 
     def _full_changes(self, state: State) -> tuple[list, list, list, list, list]:
@@ -916,6 +919,8 @@ class TOPAS(Policy):
             elif rnd.users[a] == 0:
                 free += tokens[a]
             elif revoke:
+                if not self._retracted.isdisjoint(rnd.running_refs.get(a, ())):
+                    return None  # a stage is retracted voluntarily once at most
                 free += tokens[a] + rnd.running_kv.get(a, 0)
                 slots += len(rnd.running_refs.get(a, ()))
                 retract += rnd.running_refs.get(a, ())
@@ -1241,6 +1246,8 @@ class TOPAS(Policy):
         keep = best.agents | ({pinned} if pinned else set())
         for ref in best.retract:
             plan.do_preempt(ref)
+        if record:
+            self._retracted.update(best.retract)
         for a in plan.evictable(sorted(rnd.status)):
             if a not in keep:
                 plan.do_evict(a)
