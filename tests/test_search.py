@@ -890,15 +890,6 @@ def test_voluntary_retraction_takes_a_stage_once_at_most():
     assert max(stops.values(), default=0) <= 2
 
 
-@settings(max_examples=25, deadline=None)
-@given(random_instances(max_tasks=4, max_stages=5))
-def test_token_floor_is_off_with_voluntary_retraction(inst):
-    # With token_floor the ablation's retract=1 livelocked (MetaGPT-TL, 200 tasks at load
-    # 1.2, seeds 20 and 23: one stage retracted and re-admitted 10,000 times, stopped by
-    # the engine's guard), so the floor does nothing there, as drain_load does nothing
-    assert_same_runs(inst, "calibrated", "topas:retract=1", "topas:retract=1,token_floor=0")
-
-
 class KeepsInUse(TOPAS):
     """TOPAS that checks, after each decision, that every prefix with running stages is
     in the kept set (``drain=0``: R' never leaves one out)."""

@@ -73,8 +73,7 @@ measurements). When decode memory runs out, the victim is the running stage of l
 ``J_redo + J_revoke``. A drain ends ``T`` seconds from now, when its running stages'
 predicted remaining time has passed; with ``token_floor`` (the default) a stage that has
 begun to decode has at least the decode time of its undecoded predicted tokens left, so
-one that has outrun its prediction does not end "now" (off with ``retract=1``: the two
-together livelocked).
+one that has outrun its prediction does not end "now".
 
 With at most ``enumerate_max`` (M) active agents every subset is scored; otherwise a
 lazy greedy search from the current residency takes single moves (add or drop one agent)
@@ -546,8 +545,7 @@ class TOPAS(Policy):
     stall: bool = True  # recompute: a load also costs its time once per running stage
     drain_load: bool = True  # a prompt may wait for drained memory (loaded once it ends)
     token_floor: bool = True  # a running stage has at least its undecoded predicted
-    # tokens' decode time left (else its predicted service less its time since it
-    # started); off with retract=1, as drain_load is
+    # tokens' decode time left (else its predicted service less its time since it started)
     name = "topas"
 
     def check(self) -> None:
@@ -589,9 +587,6 @@ class TOPAS(Policy):
         self._prefetch_charge = int(ctx.predict.loads_share_compute)
         # stall: where a load is such a prefill, the batch does not decode while it runs
         self._stalls = self.stall and ctx.predict.loads_share_compute
-        # token_floor does nothing with retract=1: the two together livelocked (the same
-        # stages retracted and re-admitted until the engine's guard stopped the run)
-        self._floors = self.token_floor and not self.retract
         self._filler: TOPASGreedy | None = None
         if self._fills_greedily(ctx):  # its weights follow this spec's; the search serves
             self._filler = TOPASGreedy(  # starving stages, so the filler reserves no memory
@@ -808,7 +803,7 @@ class TOPAS(Policy):
             rnd.running_refs.setdefault(agent, []).append(ref)
             if self.retract:  # read only by a pack that retracts (_pack's ``revoke``)
                 rnd.revoke_loss[agent] = rnd.revoke_loss.get(agent, 0.0) + self._loss(state, ref)
-            left = self._pred.remaining(state, ref, self._floors)
+            left = self._pred.remaining(state, ref, self.token_floor)
             rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
             if self.soon and left < self._mean_svc:
                 rnd.returns.append((left, run.reserved))
