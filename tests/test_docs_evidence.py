@@ -881,9 +881,7 @@ def test_drain_ablation_table_matches_its_runs(topas_md: str) -> None:
         assert f"`{spec}` {a['mean']:+.1f} / {a['p99']:+.1f}% ({a['worse']} worse)" in flat
     paper = {
         (r["workload"], r["load"], r["seed"], r["policy"], r["kv_capacity_tokens"]): r["mean_jct"]
-        for r in study_runs("paper_rollout")[1]
-        + study_runs("paper_rollout_tl")[1]
-        + study_runs("paper_rollout_sop")[1]
+        for r in study_runs("paper")[1]
     }
     cfg, rows = study_runs("paper_nodrain")
     checked = 0
@@ -1772,7 +1770,14 @@ def test_drain_load_reporting_figures_match_their_runs(topas_md: str) -> None:
     assert search_against_scorer("replication/drain_load_seeds20", SWITCH, "topas")[:2] == (1, 0)
     assert search_against_scorer("replication/drain_load_seeds40", SWITCH, "topas")[:2] == (0, 0)
     assert search_against_scorer("paper_noise_drain_load_0.5", SWITCH, "topas")[:2] == (1, 9)
-    assert shared_runs("paper_noise_drain_load_0.5", "paper_noise_0.5") == 1350
+    # its baselines' runs are the noise study's (whose `topas` was re-run with the
+    # defaults of 2026-12-07, `token_floor` among them)
+    from topas.policies import BASELINES
+
+    shared = [
+        shared_runs("paper_noise_drain_load_0.5", "paper_noise_0.5", policy=p) for p in BASELINES
+    ]
+    assert shared == [5 * 3 * 10] * len(BASELINES)
     # the switch's runs were the reported `topas` until a waiting load held the kept
     # agents' stages, which changed most of them (a recompute: the pass no longer fills
     # the memory kept for the load); that `topas` is HOLD since `token_floor`. Every other
