@@ -754,8 +754,9 @@ def frontier12_rows() -> list[str]:
 
 def test_frontier12_table_matches_its_runs(topas_md: str) -> None:
     """The load-1.2 trade table, every cell and its bold recomputed; no policy of the two
-    studies best on both metrics (``frontier.py``'s test); and the registered baselines',
-    ``topas``'s and ``topas-greedy``'s JCTs equal to the earlier studies' on these seeds."""
+    studies best on both metrics (``frontier.py``'s test); the registered baselines' and
+    ``topas-greedy``'s JCTs equal to the earlier studies' on these seeds, and ``topas``'s
+    to the comparison's of the same seeds (both run with the defaults of 2026-12-07)."""
     text = section(topas_md, "**The trade at load 1.2 on reporting seeds", until="\n### ")
     start = text.index("| seeds, workload | `topas` |")
     lines = [ln.strip() for ln in text[start:].splitlines()[2:6]]
@@ -765,14 +766,14 @@ def test_frontier12_table_matches_its_runs(topas_md: str) -> None:
         cfg, rows = study_runs(folder)
         for workload in cfg["workloads"]:
             before.append(
-                against_registered([r for r in rows if r["workload"] == workload], cfg, BEFORE)
+                against_registered([r for r in rows if r["workload"] == workload], cfg, BEFORE_NOW)
             )
     quoted = " ".join(text[start:].split())
     assert "in the table's order, {}, {}, {} and {}, with".format(*before) in quoted
     frontier = load_analysis("frontier")
-    earlier = {
-        "frontier12_20": ("narrow256_tl12_20", "compare_rollout"),
-        "frontier12_40": ("narrow256_12_40",),
+    earlier = {  # (studies of the `topas` of before, the comparison of today's `topas`)
+        "frontier12_20": (("narrow256_tl12_20", "compare_rollout"), "compare"),
+        "frontier12_40": (("narrow256_12_40",), "replication/compare_seeds40"),
     }
     for folder, _ in FRONTIER12:
         cfg, rows = study_runs(folder)
@@ -780,14 +781,19 @@ def test_frontier12_table_matches_its_runs(topas_md: str) -> None:
             for at in frontier.points(rows, workload).values():
                 assert frontier.reaches_both(at) == []
         mine = {(r["workload"], r["seed"], r["policy"]): r["mean_jct"] for r in rows}
+        older, current = earlier[folder]
         checked = 0
-        for other in earlier[folder]:
+        for other in older:
             for r in study_runs(other)[1]:
                 key = (r["workload"], r["seed"], r["policy"])
-                if r["load"] == 1.2 and key in mine:
+                if r["load"] == 1.2 and key in mine and r["policy"] != "topas":
                     assert mine[key] == r["mean_jct"], (other, key)
                     checked += 1
-        assert checked >= 5 * 10 * len(cfg["workloads"]), folder
+        assert checked >= 5 * 9 * len(cfg["workloads"]), folder
+        now = [r for r in study_runs(current)[1] if r["load"] == 1.2 and r["policy"] == "topas"]
+        now = [r for r in now if r["workload"] in cfg["workloads"]]
+        assert len(now) == 5 * len(cfg["workloads"])
+        assert all(mine[(r["workload"], r["seed"], "topas")] == r["mean_jct"] for r in now)
 
 
 def averaged_changes(folder: str, spec: str) -> dict[str, float]:
