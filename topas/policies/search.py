@@ -914,13 +914,14 @@ class TOPAS(Policy):
             elif rnd.users[a] == 0:
                 free += tokens[a]
             elif revoke:
-                if not self._retracted.isdisjoint(rnd.running_refs.get(a, ())):
+                refs = rnd.running_refs.get(a, ())
+                if not self._retracted.isdisjoint(refs):
                     return None  # a stage is retracted voluntarily once at most
                 free += tokens[a] + rnd.running_kv.get(a, 0)
-                slots += len(rnd.running_refs.get(a, ()))
-                retract += rnd.running_refs.get(a, ())
+                slots += len(refs)
+                retract += refs
                 j_retract += rnd.revoke_loss.get(a, 0.0)
-                j_move += cost[a] * len({r[0] for r in rnd.running_refs.get(a, ())})
+                j_move += cost[a] * len({r[0] for r in refs})
             elif not self.drain:
                 return None  # a prefix in use stays in R' until its stages end
             elif self.soon:  # its stages: returns
