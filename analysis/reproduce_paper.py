@@ -13,6 +13,11 @@ light to past saturation and paired seeds, and writes three parts:
 2. **ablation** on ``metagpt-tl-paper``: TOPAS against TOPAS-base (no reuse, no aging);
 3. **regime map** on ``dag-4``: the cut in mean JCT against the best baseline over
    (sum of prefixes / KV budget) x load x movement (swap, recompute), as a heat map.
+   Both movements run the same tasks and arrivals at a (budget, load, seed): those of the
+   profile's own movement (swap) at that load factor (``experiments.make_instance``
+   with a ``movement``). The load factor charges a recompute each task's prompts
+   (docs/workloads.md), so the recompute half's servers run hotter than its column
+   says; drawn at the recompute's own load factor, every policy would tie there.
 
     python analysis/reproduce_paper.py [--quick] [--seeds 10] [--tasks 200] [--loads ...]
         [--ratios ...] [--map-seeds 5] [--profile NAME] [--jobs N] [--out results/paper]
@@ -421,7 +426,9 @@ def summarize(
         "",
         f"Seeds {ex.fmt_list(cfg['map_seeds'])}; KV budgets "
         + ", ".join(f"{r} -> {kv} tokens" for r, kv in cfg["map_kv"].items())
-        + ". Picture: regime_map.png.",
+        + ". Both movements run the same tasks and arrivals: those of the profile's own"
+        " movement at each load (a recompute's own load factor, which charges each task"
+        " its prompts, is higher at these arrivals). Picture: regime_map.png.",
         "",
         map_table(map_cuts(rows, cfg), cfg),
     ]

@@ -139,3 +139,41 @@ def test_topas_base_is_the_proposed_family_without_reuse_and_aging_unless_named(
     assert rp.topas_base("topas-rollout", "topas-base") == "topas-base"
     with pytest.raises(rp.ex.CliError, match="--topas-base"):
         rp.topas_base("topas-rollout", None)
+
+
+def test_the_regime_maps_two_movements_run_the_same_tasks_and_arrivals() -> None:
+    """The recompute half of the map is the swap half's instance with its prompts moved
+    by recompute: the same tasks and arrivals at each (budget, load, seed), those of the
+    profile's own movement (swap) at that load. Drawn at the recompute's own load factor,
+    which charges each task its prompts, the arrivals would be sparser: the map's
+    semantics since 2026-12-07 (commit 8d31ac2), whose recompute cells before that ran
+    at those sparser arrivals (docs/topas.md, "The regime map's two halves")."""
+    args = rp.build_parser().parse_args(["--quick", "--loads", "1.0,1.5", "--ratios", "0.2,0.5"])
+    cfg = rp.config_from_args(args)
+    instances: dict[tuple, dict[str, object]] = {}
+    for job in rp.map_jobs(cfg):
+        if job["spec"] != cfg["policies"][0]:
+            continue  # the instance does not depend on the policy
+        kwargs = {k: v for k, v in job.items() if k not in ("workload", "load", "seed", "spec")}
+        num_tasks, movement = kwargs.pop("num_tasks"), kwargs["movement"]
+        inst = rp.ex.make_instance(job["workload"], job["load"], job["seed"], num_tasks, **kwargs)
+        key = (job["load"], job["seed"], job["kv_capacity_tokens"])
+        instances.setdefault(key, {})[movement] = inst
+    assert len(instances) == 4
+    for (load, seed, kv), by_movement in instances.items():
+        swap, recompute = by_movement["swap"], by_movement["recompute"]
+        assert type(swap.server.prefix_load).__name__ == "HostLoad"
+        assert type(recompute.server.prefix_load).__name__ == "RecomputeLoad"
+        assert recompute.server.kv_capacity_tokens == swap.server.kv_capacity_tokens == kv
+        assert [t.arrival for t in recompute.tasks] == [t.arrival for t in swap.tasks]
+        assert recompute.tasks == swap.tasks
+        own = rp.generate(
+            rp.MAP_WORKLOAD,
+            num_tasks=len(swap.tasks),
+            seed=seed,
+            load=load,
+            movement="recompute",
+            kv_capacity_tokens=kv,
+            **rp.ex.profile_kwargs(cfg),
+        )
+        assert own.tasks[-1].arrival > swap.tasks[-1].arrival  # sparser at its own load
