@@ -1,0 +1,154 @@
+"""The headline studies' committed runs reproduce with today's code.
+
+Each committed study (``docs/results/<folder>/``) keeps the ``config.json`` it ran with
+and its ``runs.csv``. A few of its runs, fixed below to cover the kinds of instance it
+draws (the paper's profile on its default budget; the regime map's budgets with host swap
+and with recompute; today's five), are run again through the study's own job builder
+and must give the committed JCTs (to the 10 significant digits ``runs.csv`` keeps); so
+must every policy's sum of JCTs on every instance of the reported gap study. A
+change of the simulator, the instance generator or a policy's defaults that moves one
+of these runs fails here, so the study is run again, or its section says why not,
+instead of its figures silently describing other code. The regime map's recompute half
+changed that way on 2026-12-07 (commit 8d31ac2) and went unnoticed until the next
+session (docs/topas.md, "The regime map's two halves").
+
+When a deliberate change moves these runs, re-run the studies named here (their
+commands are in their summaries) and the docs' figures with them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import load_analysis
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+
+rp = load_analysis("reproduce_paper")
+cp = load_analysis("compare_policies")
+
+# (study script, folder, the job: workload, load, seed, spec, and for the regime map its
+# movement and KV budget). Loads and seeds where a run takes about a second.
+CASES = [
+    (rp, "paper", {"workload": "chain-3", "load": 1.0, "seed": 20, "spec": "lpm"}),
+    (rp, "paper", {"workload": "chain-3", "load": 1.0, "seed": 20, "spec": "topas"}),
+    (rp, "paper", {"workload": "dag-10-wide", "load": 0.8, "seed": 21, "spec": "topas"}),
+    (
+        rp,
+        "paper",
+        {
+            "workload": "dag-4",
+            "load": 1.2,
+            "seed": 20,
+            "spec": "spf",
+            "movement": "recompute",
+            "kv_capacity_tokens": 24576,
+        },
+    ),
+    (
+        rp,
+        "paper",
+        {
+            "workload": "dag-4",
+            "load": 1.2,
+            "seed": 20,
+            "spec": "topas",
+            "movement": "recompute",
+            "kv_capacity_tokens": 24576,
+        },
+    ),
+    (
+        rp,
+        "paper",
+        {
+            "workload": "dag-4",
+            "load": 1.2,
+            "seed": 21,
+            "spec": "topas",
+            "movement": "swap",
+            "kv_capacity_tokens": 18905,
+        },
+    ),
+    (cp, "compare", {"workload": "chain", "load": 1.2, "seed": 20, "spec": "spf"}),
+    (cp, "compare", {"workload": "mixed", "load": 1.0, "seed": 22, "spec": "topas"}),
+    (cp, "compare", {"workload": "metagpt-tl", "load": 0.8, "seed": 20, "spec": "topas"}),
+]
+
+
+def _job(study: Any, folder: str, want: Mapping[str, Any]) -> dict[str, Any]:
+    """The one job of the study's own builder, on its committed config, that ``want``
+    names (keys a job lacks must be absent from ``want`` too)."""
+    cfg = json.loads((RESULTS / folder / "config.json").read_text())
+    jobs = [
+        j
+        for j in study.make_jobs(cfg)
+        if all(j.get(k) == v for k, v in want.items())
+        and ("movement" in want or "movement" not in j)
+    ]
+    assert len(jobs) == 1, f"{folder}: {len(jobs)} jobs match {want}"
+    return jobs[0]
+
+
+def _committed(folder: str, job: Mapping[str, Any]) -> dict[str, str]:
+    """The committed row of ``job``."""
+    with (RESULTS / folder / "runs.csv").open(newline="") as f:
+        rows = [
+            r
+            for r in csv.DictReader(f)
+            if r["workload"] == job["workload"]
+            and float(r["load"]) == job["load"]
+            and int(r["seed"]) == job["seed"]
+            and r["policy"] == job["spec"]
+            and (r.get("movement") or None) == job.get("movement")
+            and (
+                "kv_capacity_tokens" not in job
+                or int(r["kv_capacity_tokens"]) == job["kv_capacity_tokens"]
+            )
+        ]
+    assert len(rows) == 1, f"{folder}/runs.csv: {len(rows)} rows for {dict(job)}"
+    return rows[0]
+
+
+@pytest.mark.parametrize(
+    ("study", "folder", "want"),
+    CASES,
+    ids=[f"{folder}-{'-'.join(str(v) for v in want.values())}" for _, folder, want in CASES],
+)
+def test_a_committed_run_reproduces(study: Any, folder: str, want: Mapping[str, Any]) -> None:
+    job = _job(study, folder, want)
+    row = _committed(folder, job)
+    again = study.ex.run_point(**job)
+    for metric in ("mean_jct", "p99_jct", "makespan"):
+        assert again[metric] == pytest.approx(float(row[metric]), rel=1e-8, abs=1e-9), metric
+    assert again["kv_capacity_tokens"] == int(row["kv_capacity_tokens"])
+
+
+def test_the_gap_studys_policy_objectives_reproduce() -> None:
+    """Every instance of the reported gap study (seed 1) again, in the step model: every
+    policy's sum of JCTs, `topas-rollout`'s included, is the committed one (the oracle is
+    not solved again here; tests/test_gap.py checks it on instances of its own)."""
+    from topas.runs import policy_objectives
+    from topas.studies.gap import instance_seed
+    from topas.workloads import small_instance
+
+    study = json.loads((RESULTS / "gap" / "config.json").read_text())
+    cfg, specs = study["config"], tuple(study["policies"])
+    with (RESULTS / "gap" / "runs.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    by_instance: dict[tuple[str, int, int], dict[str, int]] = {}
+    for r in rows:
+        if r["policy"] in specs:
+            key = (r["family"], int(r["tasks"]), int(r["instance_index"]))
+            by_instance.setdefault(key, {})[r["policy"]] = int(r["policy_objective"])
+    assert len(by_instance) == 60
+    for (family, tasks, index), committed in sorted(by_instance.items()):
+        seed = instance_seed(cfg["seed"], tasks, index)
+        inst = small_instance(family, seed=seed, num_tasks=tasks, profile=cfg["profile"])
+        again = {s: obj for s, (obj, _) in policy_objectives(inst, specs, seed=seed).items()}
+        assert again == committed, (family, tasks, index)
