@@ -32,6 +32,7 @@ RESULTS = ROOT / "docs" / "results"
 
 rp = load_analysis("reproduce_paper")
 cp = load_analysis("compare_policies")
+audit = load_analysis("audit_results")
 
 # (study script, folder, the job: workload, load, seed, spec, and for the regime map its
 # movement and KV budget). Loads and seeds where a run takes about a second.
@@ -81,48 +82,16 @@ CASES = [
 ]
 
 
-def _job(study: Any, folder: str, want: Mapping[str, Any]) -> dict[str, Any]:
-    """The one job of the study's own builder, on its committed config, that ``want``
-    names (keys a job lacks must be absent from ``want`` too)."""
-    cfg = json.loads((RESULTS / folder / "config.json").read_text())
-    jobs = [
-        j
-        for j in study.make_jobs(cfg)
-        if all(j.get(k) == v for k, v in want.items())
-        and ("movement" in want or "movement" not in j)
-    ]
-    assert len(jobs) == 1, f"{folder}: {len(jobs)} jobs match {want}"
-    return jobs[0]
-
-
-def _committed(folder: str, job: Mapping[str, Any]) -> dict[str, str]:
-    """The committed row of ``job``."""
-    with (RESULTS / folder / "runs.csv").open(newline="") as f:
-        rows = [
-            r
-            for r in csv.DictReader(f)
-            if r["workload"] == job["workload"]
-            and float(r["load"]) == job["load"]
-            and int(r["seed"]) == job["seed"]
-            and r["policy"] == job["spec"]
-            and (r.get("movement") or None) == job.get("movement")
-            and (
-                "kv_capacity_tokens" not in job
-                or int(r["kv_capacity_tokens"]) == job["kv_capacity_tokens"]
-            )
-        ]
-    assert len(rows) == 1, f"{folder}/runs.csv: {len(rows)} rows for {dict(job)}"
-    return rows[0]
-
-
 @pytest.mark.parametrize(
     ("study", "folder", "want"),
     CASES,
     ids=[f"{folder}-{'-'.join(str(v) for v in want.values())}" for _, folder, want in CASES],
 )
 def test_a_committed_run_reproduces(study: Any, folder: str, want: Mapping[str, Any]) -> None:
-    job = _job(study, folder, want)
-    row = _committed(folder, job)
+    cfg = json.loads((RESULTS / folder / "config.json").read_text())
+    assert audit.script_of(cfg) == study.__name__
+    job = audit.find_job(cfg, want)
+    row = audit.row_of(audit.read_rows(RESULTS / folder), job)
     again = study.ex.run_point(**job)
     for metric in ("mean_jct", "p99_jct", "makespan"):
         assert again[metric] == pytest.approx(float(row[metric]), rel=1e-8, abs=1e-9), metric

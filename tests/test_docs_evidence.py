@@ -1858,3 +1858,24 @@ def test_sglang_loop_figures_match_their_runs(topas_md: str) -> None:
     lru = " / ".join(change(w, search, "lru").split(" ± ")[0] for w in WORKLOADS_PAPER)
     assert f"against `lru` {lru}% on the mean" in text
     assert f"behind it by {change('dag-10-wide', 'topas', 'lru')}% on DAG-10-Wide" in text
+
+
+def test_audit_figures_match_its_runs(topas_md: str) -> None:
+    """The counts of "Checked by machine" recomputed from the committed audit's runs."""
+    from topas.policies import BASELINES
+
+    _, rows = study_runs("audit")
+    moved = [r for r in rows if r["same"] == "false"]
+    studies = {r["study"] for r in rows}
+    stale = {r["study"] for r in moved}
+    pairs = {(r["study"], r["spec"]) for r in moved}
+    unpinned = {(r["study"], r["spec"]) for r in moved if not r["reproduces_as"]}
+    baselines = [r for r in moved if r["spec"] in BASELINES]
+    assert all(r["movement"] == "recompute" for r in baselines)
+    text = " ".join(section(topas_md, "**Checked by machine").split())
+    assert f"Of {len(rows):,} runs of {len(studies)} studies, {len(moved)} moved, in " in text
+    assert f"moved, in {len(stale)} studies:" in text
+    assert f"- {len(studies - stale)} studies reproduce in full" in text
+    assert f"Every sampled baseline run reproduces but {len(baselines)}, all" in text
+    assert f"Of the {len(pairs)} (study, spec) pairs that moved, {len(pairs - unpinned)} " in text
+    assert f"- {len(unpinned)} reproduce under none of the three" in text
