@@ -6,8 +6,9 @@
 A study's figures describe the code that ran it. When a default or the simulator changes
 later, the study is run again, or its section in the docs says it was not; that
 bookkeeping was kept by hand and once went wrong (docs/topas.md, "The regime map's two
-halves"). This audit checks it. For each committed study of ``compare_policies.py`` or
-``reproduce_paper.py`` (a folder under ``docs/results`` with ``config.json`` and
+halves"). This audit checks it. For each committed study of a script of :data:`SCRIPTS`
+(``compare_policies.py``, ``reproduce_paper.py``, ``ablation.py``, ``jct_by_size.py``,
+``shadow_decisions.py``: a folder under ``docs/results`` with ``config.json`` and
 ``runs.csv``), it rebuilds the study's jobs with the study's own builder from its
 ``config.json``, takes up to ``--per-spec`` runs of each policy spec at loads up to
 ``--max-load`` (the quick ones; chosen by a hash of the study and the job, so the same on
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import importlib
 import json
 import shlex
 import subprocess
@@ -50,8 +52,15 @@ from topas.studies import md_table, run_jobs, study_files, write_outputs  # noqa
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-SCRIPTS = ("compare_policies", "reproduce_paper")
-"""The studies whose jobs ``experiments.run_point`` runs, each with a ``make_jobs(cfg)``."""
+SCRIPTS = {
+    "compare_policies": None,
+    "reproduce_paper": None,
+    "ablation": None,
+    "jct_by_size": "run_sized",
+    "shadow_decisions": "run_shadowed",
+}
+"""The studies audited, each with a ``make_jobs(cfg)``: script -> the function of it that
+runs one job (None: ``experiments.run_point``)."""
 METRICS = ("mean_jct", "p99_jct")
 REL_TOL = 1e-8  # runs.csv keeps 10 significant digits
 COLUMNS = (
@@ -86,18 +95,23 @@ def study_module(name: str) -> ModuleType:
     """``analysis/<name>.py`` (one of :data:`SCRIPTS`), imported once."""
     if name not in SCRIPTS:
         raise ValueError(f"not an audited study script: {name}")
-    module = sys.modules.get(name)
-    if module is None:
-        import importlib
-
-        module = importlib.import_module(name)
-    return module
+    return sys.modules.get(name) or importlib.import_module(name)
 
 
 def script_of(cfg: Mapping[str, Any]) -> str | None:
     """The study script that wrote a ``config.json`` (None: not one this audit runs)."""
     words = shlex.split(str(cfg.get("command", "")))
     return next((s for s in SCRIPTS if f"analysis/{s}.py" in words), None)
+
+
+def runner(script: str):  # type: ignore[no-untyped-def]
+    """The function that runs one job of ``script``'s study."""
+    name = SCRIPTS[script]
+    return _run_point if name is None else getattr(study_module(script), name)
+
+
+def _run_point(job: Mapping[str, Any]) -> dict[str, Any]:
+    return ex.run_point(**job)
 
 
 def study_jobs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -132,6 +146,8 @@ def row_of(rows: Sequence[Mapping[str, str]], job: Mapping[str, Any]) -> Mapping
         and int(r["seed"]) == job["seed"]
         and r["policy"] == job["spec"]
         and (r.get("movement") or None) == job.get("movement")
+        and float(r.get("prediction_error") or 0.0) == job.get("prediction_error", 0.0)
+        and r.get("shadow") == job.get("shadow")
         and (
             "kv_capacity_tokens" not in job
             or int(r["kv_capacity_tokens"]) == job["kv_capacity_tokens"]
@@ -188,7 +204,7 @@ def audit_jobs(
         for job in sample(study, study_jobs(cfg), per_spec, max_load, rollout):
             row = row_of(rows, job)
             committed = {f"committed_{m}": float(row[m]) for m in METRICS}
-            out.append({"study": study, "job": job, **committed})
+            out.append({"study": study, "script": script_of(cfg), "job": job, **committed})
     return out
 
 
@@ -196,7 +212,7 @@ def check(item: Mapping[str, Any]) -> dict[str, Any]:
     """Run one audited job again (module level: sent to the workers)."""
     job = item["job"]
     start = time.perf_counter()
-    again = ex.run_point(**job)
+    again = runner(item["script"])(job)
     ok = all(same(again[m], item[f"committed_{m}"]) for m in METRICS)
     return {
         "study": item["study"],
@@ -206,7 +222,7 @@ def check(item: Mapping[str, Any]) -> dict[str, Any]:
         "load": job["load"],
         "seed": job["seed"],
         "movement": job.get("movement", ""),
-        "kv_capacity_tokens": again["kv_capacity_tokens"],
+        "kv_capacity_tokens": again.get("kv_capacity_tokens", ""),
         **{f"committed_{m}": item[f"committed_{m}"] for m in METRICS},
         **{m: again[m] for m in METRICS},
         "same": ok,

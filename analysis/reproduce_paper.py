@@ -17,7 +17,8 @@ light to past saturation and paired seeds, and writes three parts:
    profile's own movement (swap) at that load factor (``experiments.make_instance``
    with a ``movement``). The load factor charges a recompute each task's prompts
    (docs/workloads.md), so the recompute half's servers run hotter than its column
-   says; drawn at the recompute's own load factor, every policy would tie there.
+   says; drawn at the recompute's own load factor the policies nearly tie there
+   (docs/topas.md, "The regime map's two halves").
 
     python analysis/reproduce_paper.py [--quick] [--seeds 10] [--tasks 200] [--loads ...]
         [--ratios ...] [--map-seeds 5] [--profile NAME] [--jobs N] [--out results/paper]

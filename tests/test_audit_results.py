@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ def _item(folder: str, want: dict) -> dict:
     job = audit.find_job(cfg, want)
     row = audit.row_of(audit.read_rows(audit.RESULTS / folder), job)
     committed = {f"committed_{m}": float(row[m]) for m in audit.METRICS}
-    return {"study": folder, "job": job, **committed}
+    return {"study": folder, "script": audit.script_of(cfg), "job": job, **committed}
 
 
 def test_a_run_that_moved_is_found_and_one_that_did_not_passes() -> None:
@@ -105,3 +106,28 @@ def test_a_study_of_today_s_defaults_before_token_floor_is_found(tmp_path: Path)
     assert audit.equivalents(pins) == {
         ("compare_rollout", "topas"): "topas:drain_load=0,token_floor=0"
     }
+
+
+def test_a_job_finds_its_own_row_by_noise_and_shadow_too() -> None:
+    """The ablation runs a spec at several noise levels, the shadow study beside several
+    shadows: the committed row of a job is the one with its own."""
+    base = {"workload": "chain", "load": "1.2", "seed": "20", "policy": "topas"}
+    rows = [
+        {**base, "prediction_error": "0", "mean_jct": "1"},
+        {**base, "prediction_error": "0.5", "mean_jct": "2"},
+        {**base, "prediction_error": "0", "shadow": "spf", "mean_jct": "3"},
+    ]
+    job = {"workload": "chain", "load": 1.2, "seed": 20, "spec": "topas"}
+    assert audit.row_of(rows[:2], job)["mean_jct"] == "1"
+    assert audit.row_of(rows[:2], {**job, "prediction_error": 0.5})["mean_jct"] == "2"
+    assert audit.row_of(rows, {**job, "shadow": "spf"})["mean_jct"] == "3"
+    with pytest.raises(LookupError, match="0 committed rows"):
+        audit.row_of(rows, {**job, "prediction_error": 1.0})
+
+
+def test_every_audited_script_builds_its_jobs_and_names_its_runner() -> None:
+    for script in audit.SCRIPTS:
+        module = audit.study_module(script)
+        assert callable(module.make_jobs) and callable(audit.runner(script))
+    assert audit.script_of({"command": "python analysis/ablation.py --out x"}) == "ablation"
+    assert audit.script_of({"command": "python analysis/optimality_gap.py"}) is None

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import load_analysis
 
+from topas.instance import HostLoad, RecomputeLoad
+
 ROOT = Path(__file__).resolve().parents[1]
 ANALYSIS = ROOT / "analysis"
 
@@ -162,8 +164,8 @@ def test_the_regime_maps_two_movements_run_the_same_tasks_and_arrivals() -> None
     assert len(instances) == 4
     for (load, seed, kv), by_movement in instances.items():
         swap, recompute = by_movement["swap"], by_movement["recompute"]
-        assert type(swap.server.prefix_load).__name__ == "HostLoad"
-        assert type(recompute.server.prefix_load).__name__ == "RecomputeLoad"
+        assert isinstance(swap.server.prefix_load, HostLoad)
+        assert isinstance(recompute.server.prefix_load, RecomputeLoad)
         assert recompute.server.kv_capacity_tokens == swap.server.kv_capacity_tokens == kv
         assert [t.arrival for t in recompute.tasks] == [t.arrival for t in swap.tasks]
         assert recompute.tasks == swap.tasks
