@@ -5,7 +5,7 @@ and its ``runs.csv``. A few of its runs, fixed below to cover the kinds of insta
 draws (the paper's profile on its default budget; the regime map's budgets with host swap
 and with recompute; today's five), are run again through the study's own job builder
 and must give the committed JCTs (to the 10 significant digits ``runs.csv`` keeps); so
-must every policy's sum of JCTs on every instance of the reported gap study. A
+must every policy's sum of JCTs on every instance of the two reported gap studies. A
 change of the simulator, the instance generator or a policy's defaults that moves one
 of these runs fails here, so the study is run again, or its section says why not,
 instead of its figures silently describing other code. The regime map's recompute half
@@ -98,17 +98,18 @@ def test_a_committed_run_reproduces(study: Any, folder: str, want: Mapping[str, 
     assert again["kv_capacity_tokens"] == int(row["kv_capacity_tokens"])
 
 
-def test_the_gap_studys_policy_objectives_reproduce() -> None:
-    """Every instance of the reported gap study (seed 1) again, in the step model: every
-    policy's sum of JCTs, `topas-rollout`'s included, is the committed one (the oracle is
-    not solved again here; tests/test_gap.py checks it on instances of its own)."""
+@pytest.mark.parametrize("folder", ["gap", "replication/gap_seed2"])
+def test_the_gap_studys_policy_objectives_reproduce(folder: str) -> None:
+    """Every instance of the reported gap studies (seeds 1 and 2) again, in the step model:
+    every policy's sum of JCTs, `topas-rollout`'s included, is the committed one (the
+    oracle is not solved again here; tests/test_gap.py checks it on instances of its own)."""
     from topas.runs import policy_objectives
     from topas.studies.gap import instance_seed
     from topas.workloads import small_instance
 
-    study = json.loads((RESULTS / "gap" / "config.json").read_text())
+    study = json.loads((RESULTS / folder / "config.json").read_text())
     cfg, specs = study["config"], tuple(study["policies"])
-    with (RESULTS / "gap" / "runs.csv").open(newline="") as f:
+    with (RESULTS / folder / "runs.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     by_instance: dict[tuple[str, int, int], dict[str, int]] = {}
     for r in rows:
