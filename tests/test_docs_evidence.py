@@ -1879,3 +1879,18 @@ def test_audit_figures_match_its_runs(topas_md: str) -> None:
     assert f"Every sampled baseline run reproduces but {len(baselines)}, all" in text
     assert f"Of the {len(pairs)} (study, spec) pairs that moved, {len(pairs - unpinned)} " in text
     assert f"- {len(unpinned)} reproduce under none of the three" in text
+
+
+def test_audit_rollout_figures_match_its_runs(topas_md: str) -> None:
+    """ "both `topas-rollout` runs reproduce ... the one run that moved": the rollout
+    audit's committed runs."""
+    _, rows = study_runs("audit_rollout")
+    rollout = [r for r in rows if r["spec"] == "topas-rollout"]
+    moved = [r for r in rows if r["same"] == "false"]
+    assert len(rollout) == 2 and all(r["same"] == "true" for r in rollout)
+    assert [(r["study"], r["spec"], r["movement"]) for r in moved] == [
+        ("paper_rollout", "topas", "recompute")
+    ]
+    text = " ".join(section(topas_md, "**Checked by machine").split())
+    assert "both `topas-rollout` runs reproduce (Chain-3, seed 25; fanout, seed 21)" in text
+    assert {(r["workload"], r["seed"]) for r in rollout} == {("chain-3", "25"), ("fanout", "21")}
