@@ -270,14 +270,18 @@ def equivalents(pin_rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], 
 
 
 def last_commit(folder: Path) -> str:
-    """The commit that last wrote ``folder/runs.csv`` ('' outside a git checkout)."""
-    done = subprocess.run(
-        ["git", "log", "-1", "--format=%h %cs", "--", str(folder / "runs.csv")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    """The commit that last wrote ``folder/runs.csv`` ('' outside a git checkout or
+    without git)."""
+    try:
+        done = subprocess.run(
+            ["git", "log", "-1", "--format=%h %cs", "--", str(folder / "runs.csv")],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+    except OSError:
+        return ""
     return done.stdout.strip()
 
 
