@@ -11,7 +11,7 @@ SGLANG_VENV  ?= .venv-sglang
 SGLANG_BIN   := $(SGLANG_VENV)/bin
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: demo test test-core test-sglang install install-sglang lint bench live-bench clean
+.PHONY: demo test test-core test-sglang install install-sglang lint bench audit live-bench clean
 
 # venv_rules(DIR, EXTRAS): create DIR, install the project with EXTRAS, stamp DIR/.installed
 define venv_rules
@@ -48,6 +48,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python analysis/bench_simulator.py
+
+# which committed study runs today's code still gives (about 25 minutes on 2 cores)
+audit: $(STAMP)
+	$(BIN)/python analysis/audit_results.py --jobs 2 --out docs/results/audit
 
 # the real SGLang server on the CPU with the fake model (integration/sglang/live_bench.py)
 live-bench: $(SGLANG_STAMP)
