@@ -202,10 +202,18 @@ def audit_jobs(
         study = folder.relative_to(RESULTS).as_posix()
         rows = read_rows(folder)
         for job in sample(study, study_jobs(cfg), per_spec, max_load, rollout):
-            row = row_of(rows, job)
-            committed = {f"committed_{m}": float(row[m]) for m in METRICS}
-            out.append({"study": study, "script": script_of(cfg), "job": job, **committed})
+            out.append(audit_item(study, cfg, rows, job))
     return out
+
+
+def audit_item(
+    study: str, cfg: Mapping[str, Any], rows: Sequence[Mapping[str, str]], job: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One run to check (:func:`check`): the job, its study and script, and the metrics of
+    its committed row."""
+    row = row_of(rows, job)
+    committed = {f"committed_{m}": float(row[m]) for m in METRICS}
+    return {"study": study, "script": script_of(cfg), "job": dict(job), **committed}
 
 
 def check(item: Mapping[str, Any]) -> dict[str, Any]:

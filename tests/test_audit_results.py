@@ -18,10 +18,8 @@ audit = load_analysis("audit_results")
 
 def _item(folder: str, want: dict) -> dict:
     cfg = json.loads((audit.RESULTS / folder / "config.json").read_text())
-    job = audit.find_job(cfg, want)
-    row = audit.row_of(audit.read_rows(audit.RESULTS / folder), job)
-    committed = {f"committed_{m}": float(row[m]) for m in audit.METRICS}
-    return {"study": folder, "script": audit.script_of(cfg), "job": job, **committed}
+    rows = audit.read_rows(audit.RESULTS / folder)
+    return audit.audit_item(folder, cfg, rows, audit.find_job(cfg, want))
 
 
 def test_a_run_that_moved_is_found_and_one_that_did_not_passes() -> None:

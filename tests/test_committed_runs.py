@@ -34,36 +34,22 @@ rp = load_analysis("reproduce_paper")
 cp = load_analysis("compare_policies")
 audit = load_analysis("audit_results")
 
+# the regime map's cell at half the budget in prompts, recompute, DAG-4, load 1.2, seed 20
+MAP_RECOMPUTE = {
+    "workload": "dag-4",
+    "load": 1.2,
+    "seed": 20,
+    "movement": "recompute",
+    "kv_capacity_tokens": 24576,
+}
 # (study script, folder, the job: workload, load, seed, spec, and for the regime map its
 # movement and KV budget). Loads and seeds where a run takes about a second.
 CASES = [
     (rp, "paper", {"workload": "chain-3", "load": 1.0, "seed": 20, "spec": "lpm"}),
     (rp, "paper", {"workload": "chain-3", "load": 1.0, "seed": 20, "spec": "topas"}),
     (rp, "paper", {"workload": "dag-10-wide", "load": 0.8, "seed": 21, "spec": "topas"}),
-    (
-        rp,
-        "paper",
-        {
-            "workload": "dag-4",
-            "load": 1.2,
-            "seed": 20,
-            "spec": "spf",
-            "movement": "recompute",
-            "kv_capacity_tokens": 24576,
-        },
-    ),
-    (
-        rp,
-        "paper",
-        {
-            "workload": "dag-4",
-            "load": 1.2,
-            "seed": 20,
-            "spec": "topas",
-            "movement": "recompute",
-            "kv_capacity_tokens": 24576,
-        },
-    ),
+    (rp, "paper", {**MAP_RECOMPUTE, "spec": "spf"}),
+    (rp, "paper", {**MAP_RECOMPUTE, "spec": "topas"}),
     (
         rp,
         "paper",
