@@ -237,9 +237,10 @@ def test_invariants_in_both_timing_modes(inst):
 class Twin(TOPAS):
     """TOPAS that, at every decision, also asks a twin the same question on a copy of the
     state: the twin's queue view then syncs by full comparison (a different state object)
-    while this one reads the changes from the end of ``task_epoch``. Both must decide alike,
-    and the view must match the state: its waiting stages and their KV, the tasks per agent,
-    and ``n_a`` recounted from scratch."""
+    while this one reads the changes from the end of ``task_epoch`` (and its service model
+    the finished stages from the end of ``done_service``). Both must decide alike, learn the
+    same ratios in the same order, and the view must match the state: its waiting stages and
+    their KV, the tasks per agent, and ``n_a`` recounted from scratch."""
 
     checked = 0
     incremental = 0  # syncs that read the changes (no fallback to full differences)
@@ -257,6 +258,8 @@ class Twin(TOPAS):
     def decide(self, state):  # type: ignore[no-untyped-def]
         d = super().decide(state)
         assert self.twin.decide(state.copy()) == d
+        assert self.model._recent == self.twin.model._recent
+        assert self.model._seen == self.twin.model._seen
         view = self._view
         assert view.stages.of.keys() == state.waiting.keys()
         assert view.tasks.of.keys() == state.tasks.keys()

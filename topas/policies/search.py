@@ -218,6 +218,7 @@ class ServiceModel:
         self._samples: dict[tuple[str, str], list[float]] = {}
         self._recent: dict[tuple[str, str], list[float]] = {}
         self._seen: set[StageRef] = set()
+        self._learned: State | None = None  # the state of the last call
         self._pending = 0
         self.version = 0
         self._snapshot: dict[tuple[str, str], tuple[float, ...]] = {}
@@ -235,11 +236,19 @@ class ServiceModel:
         self._pending += 1
 
     def learn(self, state: State, predicted: dict[StageRef, float]) -> None:
-        """Observe the stages finished since the last call (in a fixed order)."""
+        """Observe the stages finished since the last call (in a fixed order). In the
+        state of the last call (the engine's, changed in place: finished stages are
+        appended to ``done_service``, and only leave it with their task) the new ones are
+        read from its end; any other state is compared in full."""
         done = state.done_service
         if len(self._seen) > 4 * len(done) + 1024:
             self._seen &= done.keys()
-        new = sorted(ref for ref in done if ref not in self._seen)
+        if state is self._learned:
+            fresh = itertools.takewhile(lambda ref: ref not in self._seen, reversed(done))
+        else:
+            fresh = (ref for ref in done if ref not in self._seen)
+        self._learned = state
+        new = sorted(fresh)
         for ref in new:
             self._seen.add(ref)
             pred = predicted.get(ref)
@@ -408,7 +417,7 @@ def longest_path(analysis: _Analysis, started: Iterable[StageRef], deferral: flo
 # --------------------------------------------------------------------------- the policy
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pack:
     """One candidate post-decision state: what GREEDYPACK admitted and its score."""
 
@@ -486,7 +495,8 @@ class _Round:
     heads: list[tuple[int, str]] = field(default_factory=list)  # (rank, agent) of each
     # agent's best waiting stage, best first
     head_rank: dict[str, int] = field(default_factory=dict)  # the same, by agent
-    credit: list[float] = field(default_factory=list)  # task slot -> g_i(t) * Delta
+    credit: np.ndarray = field(default_factory=lambda: np.zeros(0))  # task slot -> g_i(t) *
+    # Delta (read for the few stages a pack reaches, so not turned into a list)
     skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
     read_out: set[str] = field(default_factory=set)  # agents whose every stage is queued
     analyses: dict[str, _Analysis] = field(default_factory=dict)
@@ -791,7 +801,7 @@ class TOPAS(Policy):
         )
         w, value = self._values(view, state.time)
         rnd.ranking = view.ranked(value)
-        rnd.credit = (w * view.share).tolist()
+        rnd.credit = w * view.share
         rnd.analyses = self._an
         rnd.queues = {agent: [] for agent in sorted(rnd.ranking.spans)}  # read by _more
         rnd.opened = rnd.ranking.opened(CHUNK)
@@ -864,7 +874,7 @@ class TOPAS(Policy):
                 if ref in rnd.skip:
                     continue
                 rnd.rank[ref] = rank
-                rnd.value[ref] = rnd.credit[slot]
+                rnd.value[ref] = float(rnd.credit[slot])
                 q.append(ref)
         return True
 
