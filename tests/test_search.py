@@ -1114,6 +1114,7 @@ def test_queue_view_ranks_by_value_then_length_release_task_and_stage():
             st.sampled_from([0.0, 1.0]),
             st.integers(1, 4),
             st.integers(0, 3),
+            st.sampled_from([(), ("A",), ("B", "X"), ("X", "Y", "A")]),
         ),
         min_size=1,
         max_size=12,
@@ -1122,18 +1123,22 @@ def test_queue_view_ranks_by_value_then_length_release_task_and_stage():
 )
 def test_queue_view_ranking_is_the_sort_by_its_keys(tasks, dropped):
     """Every waiting stage's rank against a plain sort by (-value, length, release, task
-    slot, stage id rank), under many ties and with freed slots reused (dropped stages)."""
+    slot, stage id rank), under many ties and with freed slots reused (dropped stages);
+    and the agents opened by each agent's first stages against a plain union (some opened
+    agents, X and Y, are not the view's)."""
     from topas.policies.search_view import QueueView
 
     agents = ["A", "B", "C"]
     view = QueueView(agents)
     k = 0
-    for i, (share, length, release, n, first_agent) in enumerate(tasks):
+    opens_of = {}
+    for i, (share, length, release, n, first_agent, opens) in enumerate(tasks):
         tid = f"t{i}"
         view.add_task(tid, release)
         view.set_task(tid, share=share, length=length)
         for j in range(n):
-            view.add_stage((tid, f"s{j}"), agents[(first_agent + j) % 3], 1, order=n - 1 - j)
+            opens_of[(tid, f"s{j}")] = opens[j:]
+            view.add_stage((tid, f"s{j}"), agents[(first_agent + j) % 3], 1, n - 1 - j, opens[j:])
             if k in dropped:
                 view.drop_stage((tid, f"s{j}"))
             k += 1
@@ -1151,6 +1156,12 @@ def test_queue_view_ranking_is_the_sort_by_its_keys(tasks, dropped):
         return (-value[t], view.length[t], view.release[t], t, order)
 
     assert [got[r] for r in sorted(got)] == sorted(view.need, key=key)
+    for first in (1, 2, 5):
+        by_agent: dict[str, list] = {}
+        for ref in sorted(view.need, key=key):
+            by_agent.setdefault(agents[int(view.stage_agent[view.stages.of[ref]])], []).append(ref)
+        want = {b for refs in by_agent.values() for ref in refs[:first] for b in opens_of[ref]}
+        assert ranking.opened(first) == want
 
 
 def test_an_addition_the_greedy_search_does_not_pack_is_one_pack_refuses():

@@ -156,8 +156,9 @@ class Scoreboard:
         """
         mask = self.s_valid
         if agents is not None:
-            index = [self.agent_index[a] for a in agents if a in self.agent_index]
-            mask = mask & np.isin(self.s_agent, index)
+            chosen = np.zeros(len(self.agents), dtype=bool)  # per agent index: in ``agents``
+            chosen[[self.agent_index[a] for a in agents if a in self.agent_index]] = True
+            mask = mask & chosen[self.s_agent]  # a free slot's agent is 0: masked anyway
         valid = np.flatnonzero(mask)
         neg = -values[valid]
         if len(valid) > 2 * first:

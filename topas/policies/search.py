@@ -495,6 +495,7 @@ class _Round:
     heads: list[tuple[int, str]] = field(default_factory=list)  # (rank, agent) of each
     # agent's best waiting stage, best first
     head_rank: dict[str, int] = field(default_factory=dict)  # the same, by agent
+    current_heads: list[tuple[int, str]] = field(default_factory=list)  # those of R_t's
     credit: np.ndarray = field(default_factory=lambda: np.zeros(0))  # task slot -> g_i(t) *
     # Delta (read for the few stages a pack reaches, so not turned into a list)
     skip: set[StageRef] = field(default_factory=set)  # kept out of the queues (reserved)
@@ -507,6 +508,7 @@ class _Round:
         """Each agent's best waiting stage's rank, best first (and by agent)."""
         self.heads = heads
         self.head_rank = {a: r for r, a in heads}
+        self._split_heads()
 
     def loads_fit(self, free: int) -> bool:
         """Whether a candidate R' whose prompt moves leave ``free`` KV tokens fits. The
@@ -522,6 +524,12 @@ class _Round:
         self.current_reuse = sum(
             self.next_hop.get(a, 0) * self.cost[a] for a in sorted(self.current)
         )
+        self._split_heads()
+
+    def _split_heads(self) -> None:
+        """The heads of R_t's agents (best first): a pack reads these and those of the
+        agents it adds, not every agent's."""
+        self.current_heads = [h for h in self.heads if h[1] in self.current]
 
 
 @dataclass
@@ -870,11 +878,12 @@ class TOPAS(Policy):
             if not got:
                 rnd.read_out.add(agent)
                 return False
+            ranks, values, credit, skip = rnd.rank, rnd.value, rnd.credit, rnd.skip
             for ref, rank, slot in got:
-                if ref in rnd.skip:
+                if ref in skip:
                     continue
-                rnd.rank[ref] = rank
-                rnd.value[ref] = float(rnd.credit[slot])
+                ranks[ref] = rank
+                values[ref] = credit.item(slot)
                 q.append(ref)
         return True
 
@@ -948,23 +957,28 @@ class TOPAS(Policy):
                 return None
             deficit = min(0, rnd.free) - free
             free, drained, deferred = free + deficit, drained - deficit, True
+        if revoke and not retract or len(retract) >= self.max_changes:
+            return None  # nothing to retract, or more retractions than K allows
         later = self._later(drain_s) if drained else 0.0
         # the stages of R' best first: a merge of the agents' queues by rank (ranks are
-        # unique), read lazily: each agent's best stage from ``heads`` (every agent's, in
-        # rank order), its next ones from a heap once it has been read from
-        heads, n_heads, h = rnd.heads, len(rnd.heads), 0
-        queue: list[tuple[int, str]] = []
+        # unique), read lazily: the best stage of each agent of R_t from ``current_heads``
+        # (in rank order, skipping those dropped), those of the added agents and the next
+        # ones of each agent from a heap
+        heads, n_heads, h = rnd.current_heads, len(rnd.current_heads), 0
+        head_rank = rnd.head_rank
+        queue = [(head_rank[a], a) for a in loaded if a in head_rank]
+        heapq.heapify(queue)
         position: dict[str, int] = {}
         admitted: list[StageRef] = []
         credit: dict[StageRef, float] = {}
         moved: dict[str, set[str]] = {}
-        if revoke and not retract or len(retract) >= self.max_changes:
-            return None  # nothing to retract, or more retractions than K allows
-        misfits, late, j_admit = 0, 0, 0.0
+        misfits, j_admit = 0, 0.0
+        changes = self.max_changes - len(retract)  # admissions (now or later) K leaves
         soon = None
         if self.soon:  # every stage due within D returns its KV, a drained prompt its own
             soon = _Returns(heapq.merge(rnd.returns, sorted(prompts_out)))
-        while slots > 0 and len(admitted) + late + len(retract) < self.max_changes:
+        queues, ranks, needs, values, users = rnd.queues, rnd.rank, rnd.need, rnd.value, rnd.users
+        while slots > 0 and changes > 0:
             while h < n_heads and heads[h][1] not in keep:
                 h += 1
             if queue and (h == n_heads or queue[0][0] < heads[h][0]):
@@ -974,14 +988,14 @@ class TOPAS(Policy):
                 h += 1
             else:
                 break  # every stage of R' read
-            q, i = rnd.queues[a], position.get(a, 0)
+            q, i = queues[a], position.get(a, 0)
             if i == len(q):  # its rank was in the heap: the stage exists
                 self._more(rnd, a, i)
             ref = q[i]
             position[a] = i + 1
             if i + 1 < len(q) or (a not in rnd.read_out and self._more(rnd, a, i + 1)):
-                heapq.heappush(queue, (rnd.rank[q[i + 1]], a))
-            need = rnd.need[ref]
+                heapq.heappush(queue, (ranks[q[i + 1]], a))
+            need = needs[ref]
             now = need <= free
             wait = None  # with ``soon``: seconds until running stages and drains free it
             if not now and (need > drained or not later):
@@ -990,13 +1004,13 @@ class TOPAS(Policy):
                     if misfits >= MAX_MISFITS:
                         break
                     continue
-            value = rnd.value[ref]
-            if rnd.users[a]:  # its agent runs stages now: this continues its visit
+            value = values[ref]
+            if users[a]:  # its agent runs stages now: this continues its visit
                 value *= 1.0 + self.visit
             slots -= 1
+            changes -= 1
             if wait is not None:
                 j_admit += self._deferred(wait) * value
-                late += 1
             elif now:
                 credit[ref] = value
                 j_admit += value
@@ -1010,7 +1024,6 @@ class TOPAS(Policy):
             else:
                 j_admit += later * value
                 drained -= need
-                late += 1
                 if deferred and rnd.status[a] is PrefixStatus.ABSENT:  # it waits for the load
                     moved.setdefault(a, set()).add(ref[0])
         for a in loaded:  # l_in: the tasks that wait for it (prefetch: none)

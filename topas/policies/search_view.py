@@ -210,7 +210,8 @@ class Ranking:
         starts: list[int],
     ) -> None:
         self._view = view
-        self._slots, self._rank, self._task = slots, rank, task
+        self._slots, self._rank = slots, rank
+        self._rows = np.stack((slots, rank, task), axis=1)  # one slice per chunk (take)
         self.spans = spans  # agent -> [lo, hi) of its stages in the arrays, best first
         self._starts = np.asarray(starts, dtype=np.int64)  # the lo of every span, in order
         self._taken = dict.fromkeys(spans, 0)
@@ -235,12 +236,4 @@ class Ranking:
         stop = min(hi, start + n)
         self._taken[agent] = stop - lo
         refs = self._view.ref_at
-        return [
-            (refs[s], r, t)  # type: ignore[misc]
-            for s, r, t in zip(
-                self._slots[start:stop].tolist(),
-                self._rank[start:stop].tolist(),
-                self._task[start:stop].tolist(),
-                strict=True,
-            )
-        ]
+        return [(refs[s], r, t) for s, r, t in self._rows[start:stop].tolist()]  # type: ignore[misc]
