@@ -13,7 +13,13 @@ simulator's debug invariants. Single process.
 
     python analysis/bench_decision.py [--policies topas,lpm] [--agents 8,64]
         [--waiting 10,100,1000,10000] [--decisions 200] [--decisions-large 50]
-        [--warmup 20] [--quick] [--out results/bench_decision]
+        [--warmup 20] [--repeat 1] [--quick] [--out results/bench_decision]
+
+``--repeat K``: the whole plan K times in turn (every configuration once per round, so a
+slow moment of a shared machine hits one round of each, not every run of one); a
+configuration's p50, p99 and mean are the medians of its K runs, its max the largest, and
+its K p50s are listed beside them. The decisions are deterministic: every round must make
+the same ones (the same prefix sets scored and stages admitted), else the bench fails.
 
 ``--quick``: 10 and 100 waiting, 10 decisions after 3 warm-up ones (for tests). ``lpm``
 specs also run at 128 waiting, the largest queue SGLang's LPM still sorts in full.
@@ -24,6 +30,7 @@ waiting and the topas/lpm ratio; writes results/bench_decision/{summary.md, runs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import hashlib
 import inspect
@@ -32,6 +39,7 @@ import json
 import math
 import platform
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -219,6 +227,8 @@ class Run:
     max_evaluated: int | None
     tasks_released: int
     kv_capacity_tokens: int
+    repeats: int = 1  # runs of this configuration (--repeat): the times are their medians
+    p50_runs_ms: tuple[float, ...] = ()  # each run's p50 (with --repeat > 1)
 
 
 def bench_one(
@@ -278,6 +288,7 @@ class Config:
     decisions_large: int
     warmup: int
     seed: int = 0
+    repeat: int = 1
 
     def plan(self) -> list[tuple[str, tuple[int, ...]]]:
         """(spec, queue sizes) to run: every policy at every size, and each lpm spec also at
@@ -296,19 +307,54 @@ class Config:
 
 
 def run_bench(cfg: Config, progress: bool = True) -> list[Run]:
-    runs = []
-    for spec, sizes in cfg.plan():
-        for agents, n in itertools.product(cfg.agents, sizes):
+    keys = [
+        (spec, agents, n)
+        for spec, sizes in cfg.plan()
+        for agents, n in itertools.product(cfg.agents, sizes)
+    ]
+    rounds: dict[tuple[str, int, int], list[Run]] = {k: [] for k in keys}
+    for i in range(cfg.repeat):
+        for spec, agents, n in keys:
             run = bench_one(spec, agents, n, cfg.decisions_at(n), cfg.warmup, cfg.seed)
-            runs.append(run)
+            rounds[spec, agents, n].append(run)
             if progress:
+                tag = f" (round {i + 1} of {cfg.repeat})" if cfg.repeat > 1 else ""
                 print(
                     f"  {spec} agents={agents} waiting={n}: p50 {run.p50_ms:.3f} ms, "
-                    f"p99 {run.p99_ms:.3f} ms",
+                    f"p99 {run.p99_ms:.3f} ms{tag}",
                     file=sys.stderr,
                     flush=True,
                 )
-    return runs
+    return [combine(rounds[k]) for k in keys]
+
+
+TIMES = ("p50_ms", "p99_ms", "mean_ms", "max_ms")
+
+
+def combine(runs: Sequence[Run]) -> Run:
+    """One configuration's runs as one: the medians of their p50, p99 and mean, the largest
+    max, and each run's p50. The rest describes the decisions, the same in every run."""
+    if len(runs) == 1:
+        return runs[0]
+    first = asdict(runs[0])
+    for r in runs[1:]:
+        other = asdict(r)
+        moved = [k for k in first if k not in TIMES and other[k] != first[k]]
+        if moved:
+            raise BenchError(
+                f"{r.policy} agents={r.agents} waiting={r.waiting}: runs decided differently "
+                f"({', '.join(moved)})"
+            )
+    times = {k: [getattr(r, k) for r in runs] for k in TIMES}
+    return dataclasses.replace(
+        runs[0],
+        p50_ms=statistics.median(times["p50_ms"]),
+        p99_ms=statistics.median(times["p99_ms"]),
+        mean_ms=statistics.median(times["mean_ms"]),
+        max_ms=max(times["max_ms"]),
+        repeats=len(runs),
+        p50_runs_ms=tuple(times["p50_ms"]),
+    )
 
 
 # --------------------------------------------------------------------------- reporting
@@ -321,17 +367,20 @@ def _find(runs: Sequence[Run], policy: str, agents: int, waiting: int) -> Run | 
 
 
 def main_table(runs: Sequence[Run]) -> str:
+    repeated = any(r.repeats > 1 for r in runs)
+    extra = (" p50 of each run (ms) |", "---|") if repeated else ("", "")
     out = [
         "| policy | agents | waiting | p50 (ms) | p99 (ms) | decisions | waiting (mean) "
-        "| running (mean) | admitted/call | prefix sets/call (mean, max) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| running (mean) | admitted/call | prefix sets/call (mean, max) |" + extra[0],
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + extra[1],
     ]
     for r in runs:
         sets = "-" if r.mean_evaluated is None else f"{r.mean_evaluated:.1f}, {r.max_evaluated}"
+        each = f" {', '.join(f'{t:.3f}' for t in r.p50_runs_ms)} |" if repeated else ""
         out.append(
             f"| `{r.policy}` | {r.agents} | {r.waiting} | {r.p50_ms:.3f} | {r.p99_ms:.3f} "
             f"| {r.decisions} | {r.mean_waiting:.1f} | {r.mean_running:.1f} "
-            f"| {r.mean_admitted:.2f} | {sets} |"
+            f"| {r.mean_admitted:.2f} | {sets} |{each}"
         )
     return "\n".join(out)
 
@@ -397,7 +446,13 @@ def summary_md(runs: Sequence[Run], cfg: Config, command: str) -> str:
         f"max_running={MAX_RUNNING}, one stage completing per decision and the queue refilled "
         f"to N. {cfg.decisions} timed decisions per configuration ({cfg.decisions_large} from "
         f"{LARGE} waiting) after {cfg.warmup} warm-up ones; python "
-        f"{platform.python_version()} on {platform.machine()}, one process.",
+        f"{platform.python_version()} on {platform.machine()}, one process."
+        + (
+            f" Every configuration ran {cfg.repeat} times, in {cfg.repeat} rounds of the "
+            "whole plan: p50, p99 and mean are the medians of its runs (max: the largest)."
+            if cfg.repeat > 1
+            else ""
+        ),
         "",
         main_table(runs),
         "",
@@ -455,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--decisions-large", type=int, default=50, help=f"... from {LARGE} waiting")
     ap.add_argument("--warmup", type=int, default=20, help="untimed calls first")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="rounds of the whole plan (times: their medians)"
+    )
     ap.add_argument("--quick", action="store_true", help="10 and 100 waiting, 10 decisions")
     ap.add_argument("--out", default="results/bench_decision")
     return ap
@@ -475,6 +533,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         decisions_large=10 if quick else _at_least(args.decisions_large, "--decisions-large", 1),
         warmup=3 if quick else _at_least(args.warmup, "--warmup", 0),
         seed=_at_least(args.seed, "--seed", 0),
+        repeat=_at_least(args.repeat, "--repeat", 1),
     )
 
 

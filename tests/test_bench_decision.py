@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -60,10 +61,34 @@ def test_quick_run_writes_table_and_json(tmp_path) -> None:
         assert table_row in summary
 
 
+def test_repeat_runs_the_plan_in_rounds_and_takes_medians(tmp_path) -> None:
+    out = tmp_path / "bd"
+    args = ["--policies", "topas", "--agents", "8", "--waiting", "10", "--decisions", "5"]
+    assert bench.main([*args, "--warmup", "1", "--repeat", "3", "--out", str(out)]) == 0
+    (run,) = json.loads((out / "runs.json").read_text())["runs"]
+    assert run["repeats"] == 3 and len(run["p50_runs_ms"]) == 3
+    assert run["p50_ms"] == sorted(run["p50_runs_ms"])[1]  # the median of the three
+    summary = (out / "summary.md").read_text()
+    assert "Every configuration ran 3 times, in 3 rounds" in summary
+    assert "| p50 of each run (ms) |" in summary
+    assert ", ".join(f"{t:.3f}" for t in run["p50_runs_ms"]) in summary
+
+
+def test_repeated_runs_that_decide_differently_fail() -> None:
+    # the decisions are deterministic: rounds that scored different prefix sets are a bug
+    # (of the policy or the harness), not noise
+    a = bench.bench_one("topas", 8, 10, 3, 1)
+    assert bench.combine([a, a]).p50_runs_ms == (a.p50_ms, a.p50_ms)
+    other = dataclasses.replace(a, mean_evaluated=(a.mean_evaluated or 0) + 1)
+    with pytest.raises(bench.BenchError, match="decided differently .*mean_evaluated"):
+        bench.combine([a, other])
+
+
 @pytest.mark.parametrize(
     "args",
     [
         ["--policies", "nosuch"],
+        ["--repeat", "0"],
         ["--waiting", "0"],
         ["--agents", "x"],
         ["--decisions", "0"],
