@@ -815,17 +815,19 @@ class TOPAS(Policy):
         rnd.opened = rnd.ranking.opened(CHUNK)
         rnd.set_heads(rnd.ranking.heads())
         rnd.set_current()
+        tasks, remaining, floor = state.tasks, self._pred.remaining, self.token_floor
+        kv, refs, drain_s, lefts = rnd.running_kv, rnd.running_refs, rnd.drain_s, rnd.left
         for ref, run in sorted(state.running.items()):
-            agent = state.agent_of(ref)
-            rnd.running_kv[agent] = rnd.running_kv.get(agent, 0) + run.reserved
-            rnd.running_refs.setdefault(agent, []).append(ref)
+            agent = tasks[ref[0]].stages[ref[1]].agent
+            kv[agent] = kv.get(agent, 0) + run.reserved
+            refs.setdefault(agent, []).append(ref)
             if self.retract:  # read only by a pack that retracts (_pack's ``revoke``)
                 rnd.revoke_loss[agent] = rnd.revoke_loss.get(agent, 0.0) + self._loss(state, ref)
-            left = self._pred.remaining(state, ref, self.token_floor)
-            rnd.drain_s[agent] = max(rnd.drain_s.get(agent, 0.0), left)
+            left = remaining(state, ref, floor)
+            drain_s[agent] = max(drain_s.get(agent, 0.0), left)
             if self.soon and left < self._mean_svc:
                 rnd.returns.append((left, run.reserved))
-            rnd.left[ref] = left
+            lefts[ref] = left
         rnd.returns.sort()
         if self.jit:
             self._defer_loads(state, rnd)
