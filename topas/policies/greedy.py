@@ -450,9 +450,8 @@ class TOPASGreedy(Policy):
             taken = set(plan.admit)
             if taken:
                 order = (r for r in order if r not in taken)
-        evict_rank = sorted(
-            state.evictable(), key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens
-        )
+        evict_rank: list[str] | None = None  # unused prefixes, least retention per token
+        # first: sorted at the first misfit (most decisions fill the free slots without one)
         held: list[tuple[StageRef, list[str]]] = []
         reserved_out: list[StageRef] = []
         misfits = 0
@@ -483,6 +482,11 @@ class TOPASGreedy(Policy):
                     continue
             misfits += 1
             if room is None:  # the plan changed: unused prefixes in eviction order, anew
+                if evict_rank is None:
+                    evict_rank = sorted(
+                        state.evictable(),
+                        key=lambda a: retain.get(a, 0.0) / state.prefixes[a].tokens,
+                    )
                 unused = plan.evictable(evict_rank)
                 room = plan.free_kv + sum(state.prefixes[a].tokens for a in unused)
             if cost > room:

@@ -954,7 +954,7 @@ class TOPAS(Policy):
             if stalled and (rnd.waiting_tasks.get(a, 0) or hops.get(a, 0)):
                 j_move += cost[a] * stalled  # and the batch, when it is brought back
         deferred = False  # drain_load: the loads wait for the drain (no stage starts now)
-        if not rnd.loads_fit(free):  # with retract, memory comes back by retraction instead
+        if free < 0 and not rnd.loads_fit(free):  # with retract, memory comes back by retraction
             if self.retract or not (self.drain_load and loaded and rnd.loads_fit(free + drained)):
                 return None
             deficit = min(0, rnd.free) - free
@@ -967,9 +967,11 @@ class TOPAS(Policy):
         # (in rank order, skipping those dropped), those of the added agents and the next
         # ones of each agent from a heap
         heads, n_heads, h = rnd.current_heads, len(rnd.current_heads), 0
-        head_rank = rnd.head_rank
-        queue = [(head_rank[a], a) for a in loaded if a in head_rank]
-        heapq.heapify(queue)
+        queue: list[tuple[int, str]] = []
+        if loaded:
+            head_rank = rnd.head_rank
+            queue = [(head_rank[a], a) for a in loaded if a in head_rank]
+            heapq.heapify(queue)
         position: dict[str, int] = {}
         admitted: list[StageRef] = []
         credit: dict[StageRef, float] = {}
@@ -1146,13 +1148,10 @@ class TOPAS(Policy):
         heap: list[tuple[float, str, int, str]] = []  # (-gain, agent, step measured, kind)
         last: dict[tuple[str, str], float] = {}  # (kind, agent) -> its last gain
 
-        def evaluate(agents: frozenset[str]) -> _Pack | None:
+        def measure(kind: str, a: str) -> None:
             nonlocal evals
             evals += 1
-            return score(agents)
-
-        def measure(kind: str, a: str) -> None:
-            p = evaluate(cur | {a} if kind == "add" else cur - {a})
+            p = score(cur | {a} if kind == "add" else cur - {a})
             if p is not None:
                 last[kind, a] = gain = p.score - best.score
                 heapq.heappush(heap, (-gain, a, step, kind))
@@ -1190,7 +1189,8 @@ class TOPAS(Policy):
                 for agents in cands:
                     if evals >= budget:
                         break
-                    p = evaluate(agents)
+                    evals += 1
+                    p = score(agents)
                     if p is not None and p.score > best.score + 1e-9 and p.beats(took):
                         took = p
             if took is None:
