@@ -5,7 +5,8 @@ and its ``runs.csv``. A few of its runs, fixed below to cover the kinds of insta
 draws (the paper's profile on its default budget; the regime map's budgets with host swap
 and with recompute; today's five), are run again through the study's own job builder
 and must give the committed JCTs (to the 10 significant digits ``runs.csv`` keeps); so
-must every policy's sum of JCTs on every instance of the two reported gap studies. A
+must every policy's sum of JCTs on every instance of the two reported gap studies, and the
+committed decision bench's TOPAS runs their counts of prefix sets and admissions. A
 change of the simulator, the instance generator or a policy's defaults that moves one
 of these runs fails here, so the study is run again, or its section says why not,
 instead of its figures silently describing other code. The regime map's recompute half
@@ -108,3 +109,23 @@ def test_the_gap_studys_policy_objectives_reproduce(folder: str) -> None:
         inst = small_instance(family, seed=seed, num_tasks=tasks, profile=cfg["profile"])
         again = {s: obj for s, (obj, _) in policy_objectives(inst, specs, seed=seed).items()}
         assert again == committed, (family, tasks, index)
+
+
+DECISIONS = ("mean_evaluated", "max_evaluated", "mean_admitted", "mean_running", "mean_waiting")
+
+
+def test_the_decision_benchs_decisions_are_todays() -> None:
+    """The committed decision bench (docs/results/bench_decision) times today's decisions:
+    its TOPAS runs up to 1,000 waiting again (the same loop, seed and counts; the times are
+    not compared) score as many prefix sets and admit as many stages as committed."""
+    bench = load_analysis("bench_decision")
+    doc = json.loads((RESULTS / "bench_decision" / "runs.json").read_text())
+    seed = doc["config"]["seed"]
+    runs = [r for r in doc["runs"] if r["policy"] == "topas" and r["waiting"] <= 1000]
+    assert len(runs) == 6
+    for r in runs:
+        again = bench.bench_one(
+            "topas", r["agents"], r["waiting"], r["decisions"], r["warmup"], seed
+        )
+        for field in (*DECISIONS, "tasks_released", "kv_capacity_tokens"):
+            assert getattr(again, field) == r[field], (r["agents"], r["waiting"], field)
