@@ -66,6 +66,22 @@ def _purge() -> None:
         del sys.modules[name]
 
 
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Build and race the sides with none of the caller's own modules imported (each tree
+    imports its own, and an import while deciding shows up as a new module); the caller's
+    are put back afterwards, so that its classes stay the ones its modules name."""
+    saved = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] in OWN}
+    path = list(sys.path)
+    _purge()
+    try:
+        yield
+    finally:
+        _purge()
+        sys.modules.update(saved)
+        sys.path[:] = path
+
+
 def source_of(policy: object) -> str:
     """The file that defines ``policy``'s ``decide`` (read from its code, which outlives
     the module's entry in ``sys.modules``)."""
@@ -74,7 +90,8 @@ def source_of(policy: object) -> str:
 
 def make_side(tree: Path, spec: str, agents: int, waiting: int, seed: int) -> Side:
     """The serving loop and policy of the source tree at ``tree``, built with its own
-    modules (imported from it, then forgotten: the objects keep them)."""
+    modules (imported from it, then forgotten: the objects keep them). Within
+    :func:`isolated`."""
     for need in ("topas", "analysis/bench_decision.py"):
         if not (tree / need).exists():
             raise ex.CliError(f"{tree}: not a source tree (no {need})")
@@ -195,7 +212,7 @@ def main(argv: Sequence[str]) -> int:
     new = Path(args.new)
     if not new.is_dir():
         raise ex.CliError(f"--new {args.new}: not a directory")
-    with resolve(args.base) as base_tree:
+    with resolve(args.base) as base_tree, isolated():
         try:
             sides = [
                 make_side(t, args.policy, args.agents, args.waiting, args.seed)

@@ -53,14 +53,19 @@ def test_a_change_of_decisions_is_reported(tmp_path) -> None:
 
 def test_each_side_runs_its_own_code(tmp_path) -> None:
     # the base's TOPAS is the copy's (its source file), the new one this checkout's
+    import topas.errors
+
     tree = _copy(tmp_path)
-    base = ab.make_side(tree, "topas", 8, 10, 0)
-    new = ab.make_side(ROOT, "topas", 8, 10, 0)
+    with ab.isolated():
+        base = ab.make_side(tree, "topas", 8, 10, 0)
+        new = ab.make_side(ROOT, "topas", 8, 10, 0)
+        res = ab.race(base, new, decisions=4, warmup=1)
     assert type(base.policy) is not type(new.policy)
     assert ab.source_of(base.policy).startswith(str(tree))
     assert ab.source_of(new.policy).startswith(str(ROOT / "topas"))
-    res = ab.race(base, new, decisions=4, warmup=1)
     assert res.differs_at is None and len(res.ratios) == 4
+    # the caller's modules are its own again: the classes its code names are the same
+    assert sys.modules["topas.errors"] is topas.errors
 
 
 @pytest.mark.parametrize(

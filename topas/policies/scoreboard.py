@@ -158,7 +158,7 @@ class Scoreboard:
         if agents is not None:
             chosen = np.zeros(len(self.agents), dtype=bool)  # per agent index: in ``agents``
             chosen[[self.agent_index[a] for a in agents if a in self.agent_index]] = True
-            mask = mask & chosen[self.s_agent]  # a free slot's agent is 0: masked anyway
+            mask = mask & chosen[self.s_agent]  # a free slot keeps an old index: s_valid masks it
         valid = np.flatnonzero(mask)
         neg = -values[valid]
         if len(valid) > 2 * first:
