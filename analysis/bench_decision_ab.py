@@ -136,9 +136,12 @@ def race(base: Side, new: Side, decisions: int, warmup: int) -> Result:
             differs_at = i - warmup
         elif made[0] != made[1] and differs_at is None:
             differs_at = -1  # already in the warm-up
-        late = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in OWN)
-        if late:  # it would come from neither tree but from the installed package
-            raise ex.CliError(f"the policy imports {late[0]} while deciding: not comparable here")
+        late = [m for m in sys.modules if m not in before and m.split(".")[0] in OWN]
+        if late:  # they would come from neither tree but from the installed package
+            raise ex.CliError(
+                f"the policy imports modules while deciding ({len(late)}, {late[0]} "
+                "first): not comparable here"
+            )
     return Result(times[0], times[1], differs_at)
 
 

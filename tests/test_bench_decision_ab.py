@@ -68,6 +68,21 @@ def test_each_side_runs_its_own_code(tmp_path) -> None:
     assert sys.modules["topas.errors"] is topas.errors
 
 
+def test_a_policy_that_imports_while_deciding_is_refused(tmp_path) -> None:
+    # such an import would find no tree of its own on the path (each side's modules are
+    # forgotten once built) and read the installed package: not what the side runs
+    tree = _copy(tmp_path)
+    search = tree / "topas" / "policies" / "search.py"
+    text = search.read_text()
+    at = "        rnd = self._round(state)\n"
+    assert text.count(at) == 1
+    search.write_text(text.replace(at, "        import topas.forward  # noqa: F401\n" + at))
+    proc = _run("--base", str(tree), *SMALL)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("error: the policy imports modules while deciding (")
+    assert proc.stderr.endswith(" first): not comparable here\n") and "topas" in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
