@@ -41,7 +41,7 @@ OWN = ("topas", "bench_decision", "experiments")  # modules each tree loads for 
 
 @dataclass(frozen=True)
 class Side:
-    """One version's serving loop and policy, and what its decisions were."""
+    """One version's serving loop and policy."""
 
     tree: Path
     loop: object
@@ -116,8 +116,8 @@ def make_side(tree: Path, spec: str, agents: int, waiting: int, seed: int) -> Si
 
 def race(base: Side, new: Side, decisions: int, warmup: int) -> Result:
     """Step both loops alternately (``warmup`` untimed decisions first); time each
-    ``decide`` and compare the two decisions of every pair (by their fields: the two trees'
-    ``Decision`` classes differ)."""
+    ``decide`` and compare the two decisions of every pair (by their ``repr``: the two
+    trees' ``Decision`` classes differ)."""
     times: tuple[list[float], list[float]] = ([], [])
     differs_at = None
     before = set(sys.modules)
@@ -132,10 +132,8 @@ def race(base: Side, new: Side, decisions: int, warmup: int) -> Result:
             made[j] = repr(d)
             if i >= warmup:
                 times[j].append(dt / 1e6)
-        if made[0] != made[1] and differs_at is None and i >= warmup:
-            differs_at = i - warmup
-        elif made[0] != made[1] and differs_at is None:
-            differs_at = -1  # already in the warm-up
+        if made[0] != made[1] and differs_at is None:
+            differs_at = i - warmup if i >= warmup else -1  # -1: already in the warm-up
         late = [m for m in sys.modules if m not in before and m.split(".")[0] in OWN]
         if late:  # they would come from neither tree but from the installed package
             raise ex.CliError(
