@@ -31,7 +31,6 @@ studies in every ``make test``; this script is the full audit, run by hand.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import importlib
@@ -343,8 +342,8 @@ def summarize(rows: Sequence[Mapping[str, Any]], command: str, wall_s: float) ->
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> ex.Parser:
+    ap = ex.Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-spec", default="2", help="runs checked per spec and study (2)")
     ap.add_argument("--max-load", default="1.2", help="only runs at loads up to this (1.2)")
     ap.add_argument("--rollout", action="store_true", help="check topas-rollout specs too")

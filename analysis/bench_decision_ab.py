@@ -103,7 +103,10 @@ def make_side(tree: Path, spec: str, agents: int, waiting: int, seed: int) -> Si
         policies = importlib.import_module("topas.policies")
         inst = bench.make_instance(agents, seed)
         loop = bench.ServingLoop(inst, waiting, seed)
-        policy = policies.make_policy(spec)
+        try:
+            policy = policies.make_policy(spec)
+        except ValueError as e:  # a bad spec (the tree's PolicySpecError)
+            raise ex.CliError(f"--policy {spec}: {e}") from None
         policy.reset(policies.PolicyContext(server=inst.server, timing="calibrated", seed=seed))
         source = Path(source_of(policy))
         if not source.resolve().is_relative_to(tree.resolve()):  # shadowed by another copy
@@ -134,12 +137,12 @@ def race(base: Side, new: Side, decisions: int, warmup: int) -> Result:
                 times[j].append(dt / 1e6)
         if made[0] != made[1] and differs_at is None:
             differs_at = i - warmup if i >= warmup else -1  # -1: already in the warm-up
-        late = [m for m in sys.modules if m not in before and m.split(".")[0] in OWN]
-        if late:  # they would come from neither tree but from the installed package
-            raise ex.CliError(
-                f"the policy imports modules while deciding ({len(late)}, {late[0]} "
-                "first): not comparable here"
-            )
+    late = [m for m in sys.modules if m not in before and m.split(".")[0] in OWN]
+    if late:  # they came from neither tree but from the installed package
+        raise ex.CliError(
+            f"the policy imports modules while deciding ({len(late)}, {late[0]} "
+            "first): not comparable here"
+        )
     return Result(times[0], times[1], differs_at)
 
 
@@ -195,9 +198,9 @@ def build_parser() -> ex.Parser:
     ap.add_argument("--base", required=True, help="a git revision or a source tree directory")
     ap.add_argument("--new", default=str(ROOT), help="a source tree directory (default: here)")
     ap.add_argument("--policy", default="topas")
-    ap.add_argument("--agents", type=int, default=64)
-    ap.add_argument("--waiting", type=int, default=1000)
-    ap.add_argument("--decisions", type=int, default=400, help="timed pairs")
+    ap.add_argument("--agents", default="64")
+    ap.add_argument("--waiting", default="1000")
+    ap.add_argument("--decisions", default="400", help="timed pairs")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -205,24 +208,22 @@ def build_parser() -> ex.Parser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    for name in ("agents", "waiting", "decisions"):
-        if getattr(args, name) < 1:
-            raise ex.CliError(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
+    agents, waiting, decisions = (
+        ex.parse_positive_int(getattr(args, name), f"--{name}")
+        for name in ("agents", "waiting", "decisions")
+    )
     if args.warmup < 0 or args.seed < 0:
         raise ex.CliError("--warmup and --seed: expected integers >= 0")
     new = Path(args.new)
     if not new.is_dir():
         raise ex.CliError(f"--new {args.new}: not a directory")
     with resolve(args.base) as base_tree, isolated():
-        try:
-            sides = [
-                make_side(t, args.policy, args.agents, args.waiting, args.seed)
-                for t in (base_tree, new.resolve())
-            ]
-        except ValueError as e:  # a bad policy spec (PolicySpecError) in either tree
-            raise ex.CliError(f"--policy {args.policy}: {e}") from None
-        res = race(sides[0], sides[1], args.decisions, args.warmup)
-    print(summary(res, args.policy, args.agents, args.waiting, args.base, new))
+        base, new_side = (
+            make_side(t, args.policy, agents, waiting, args.seed)
+            for t in (base_tree, new.resolve())
+        )
+        res = race(base, new_side, decisions, args.warmup)
+    print(summary(res, args.policy, agents, waiting, args.base, new))
     return 0 if res.differs_at is None else 1
 
 

@@ -66,6 +66,12 @@ def test_cli_writes_its_files_and_refuses_an_unknown_study(tmp_path: Path) -> No
     assert not (tmp_path / "never").exists()
 
 
+def test_a_usage_error_is_one_line(capsys) -> None:
+    assert audit.ex.run_cli(audit.main, ["--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: unrecognized arguments: --bogus\n"
+
+
 def test_a_moved_topas_spec_is_tried_with_the_defaults_of_before_switched_back() -> None:
     assert audit.pinned("topas", ("token_floor=0",)) == "topas:token_floor=0"
     # a key the spec sets itself is kept, the others are added in the pin's order

@@ -88,7 +88,7 @@ def test_a_policy_that_imports_while_deciding_is_refused(tmp_path) -> None:
     [
         (["--base", "no-such-revision"], "--base no-such-revision: not a directory nor"),
         (["--base", "."], ": not a source tree (no topas)"),
-        (["--base", str(ROOT), "--decisions", "0"], "--decisions: expected an integer >= 1"),
+        (["--base", str(ROOT), "--decisions", "0"], "--decisions: must be a positive integer"),
         (["--base", str(ROOT), "--policy", "nosuch"], "--policy nosuch: unknown policy"),
         (["--base", str(ROOT), "--new", "/no/such/dir"], "--new /no/such/dir: not a directory"),
     ],
